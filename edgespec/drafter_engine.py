@@ -1,0 +1,86 @@
+"""The drafter's sessions: a mirror of the committed tokens and a draft KV cache.
+
+The cache is synced lazily to the committed tokens on the next draft (longest
+common prefix), so a rollback is only a change of the committed list.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from edgespec.errors import Aborted, InvalidArgument, NotFound
+from edgespec.limits import check_prefix, check_session_id, check_token_ids
+
+
+class DraftModel(Protocol):
+    vocab_size: int
+
+    def new_state(self) -> Any: ...
+    def greedy_draft(self, state: Any, committed: Sequence[int], k: int) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterLimits:
+    max_window: int = 16            # largest k per Draft call, tokens
+    max_session_tokens: int = 8192  # largest committed length of one session, tokens
+
+
+@dataclass(slots=True)
+class _Session:
+    committed: list[int]
+    kv: Any
+
+
+class DrafterEngine:
+    def __init__(self, model: DraftModel, limits: DrafterLimits = DrafterLimits()):
+        self.model = model
+        self.limits = limits
+        self._sessions: dict[str, _Session] = {}
+
+    def committed(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).committed)
+
+    def open(self, session_id: str, tokens: Sequence[int]) -> int:
+        check_session_id(session_id)
+        check_prefix("tokens", tokens, self.model.vocab_size, self.limits.max_session_tokens)
+        self._sessions[session_id] = _Session(list(tokens), self.model.new_state())
+        return len(tokens)
+
+    def close(self, session_id: str) -> None:
+        if self._sessions.pop(session_id, None) is None:
+            raise NotFound(f"session {session_id!r} is not open on this drafter")
+
+    def crop(self, session_id: str, position: int) -> int:
+        session = self._get(session_id)
+        if not 1 <= position <= len(session.committed):
+            raise InvalidArgument("position", f"must be in 1..{len(session.committed)}, got {position}")
+        del session.committed[position:]
+        return position
+
+    def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> tuple[list[int], float]:
+        """Set committed = committed[:base_position - len(append)] + append; propose k tokens.
+
+        Returns (draft tokens, seconds). All checks run before any state changes.
+        """
+        session = self._get(session_id)
+        if not 1 <= k <= self.limits.max_window:
+            raise InvalidArgument("k", f"must be in 1..{self.limits.max_window}, got {k}")
+        check_token_ids("append", append, self.model.vocab_size)
+        start = base_position - len(append)
+        if base_position < 1 or start < 0:
+            raise InvalidArgument("base_position", f"{base_position} is negative or shorter than append ({len(append)} tokens)")
+        if start > len(session.committed):
+            raise Aborted(f"drafter has no tokens between {len(session.committed)} and {start}", len(session.committed))
+        if base_position + k > self.limits.max_session_tokens:
+            raise InvalidArgument("base_position", f"session would exceed {self.limits.max_session_tokens} tokens")
+        session.committed[start:] = append
+        started = time.perf_counter()
+        draft = self.model.greedy_draft(session.kv, session.committed, k)
+        return draft, time.perf_counter() - started
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise NotFound(f"session {session_id!r} is not open on this drafter; open it with its committed prefix") from None

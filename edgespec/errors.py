@@ -1,0 +1,38 @@
+"""Typed domain errors. Each says what went wrong and what the caller should do.
+
+The gRPC status for each lives in one table (edgespec/rpc.py); nothing else maps
+errors to codes.
+"""
+from __future__ import annotations
+
+
+class EdgespecError(Exception):
+    """Base class: a failure the caller can act on."""
+
+
+class InvalidArgument(EdgespecError):
+    """Bad input: fix the named field; retrying the same request cannot succeed."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class NotFound(EdgespecError):
+    """Unknown session: open it again with its committed prefix."""
+
+
+class Aborted(EdgespecError):
+    """Stale request: resync to ``committed_position`` and continue from there."""
+
+    def __init__(self, message: str, committed_position: int):
+        super().__init__(f"{message} (committed position {committed_position})")
+        self.committed_position = committed_position
+
+
+class ResourceExhausted(EdgespecError):
+    """Over a limit or overloaded: back off, or ask for less."""
+
+
+class Unavailable(EdgespecError):
+    """A peer could not be reached: retry, possibly elsewhere."""

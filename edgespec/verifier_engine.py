@@ -1,0 +1,127 @@
+"""The verifier's sessions: committed tokens, a target KV cache, idempotent windows.
+
+Synchronous and single-threaded by design: the servicer runs every call on one
+worker thread, so the target model sees one forward at a time.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from edgespec.errors import Aborted, InvalidArgument, NotFound
+from edgespec.limits import check_prefix, check_session_id, check_token_ids
+from edgespec.verification import Verdict, verify_greedy
+
+REPLAY_MEMORY = 16  # verdicts remembered per session for retried / replayed windows
+
+
+class TargetModel(Protocol):
+    vocab_size: int
+
+    def new_state(self) -> Any: ...
+    def crop(self, state: Any, length: int) -> None: ...
+    def next_tokens(self, state: Any, seq: Sequence[int], last: int) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierLimits:
+    max_window: int = 16            # largest draft window, tokens
+    max_session_tokens: int = 8192  # largest committed length of one session, tokens
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    verdict: Verdict
+    base_position: int     # where the window started
+    committed_position: int  # base_position + n + 1
+    verify_seconds: float  # target forward + verification, seconds
+
+
+@dataclass(slots=True)
+class _Session:
+    committed: list[int]
+    kv: Any
+    replies: OrderedDict[int, tuple[tuple[int, ...], WindowResult]] = field(default_factory=OrderedDict)
+
+
+class VerifierEngine:
+    def __init__(self, target: TargetModel, eos_ids: Sequence[int], limits: VerifierLimits = VerifierLimits()):
+        self.target = target
+        self.eos_ids = frozenset(eos_ids)
+        self.limits = limits
+        self._sessions: dict[str, _Session] = {}
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def committed(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).committed)
+
+    def open(self, session_id: str, tokens: Sequence[int]) -> float:
+        """Create or replace a session; prefill its cache. Returns prefill seconds."""
+        check_session_id(session_id)
+        check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
+        started = time.perf_counter()
+        session = _Session(committed=list(tokens), kv=self.target.new_state())
+        if len(tokens) > 1:
+            # Cache everything but the last token; the first window feeds it.
+            self.target.next_tokens(session.kv, tokens[:-1], 1)
+        self._sessions[session_id] = session
+        return time.perf_counter() - started
+
+    def close(self, session_id: str) -> None:
+        if self._sessions.pop(session_id, None) is None:
+            raise NotFound(f"session {session_id!r} is not open on this verifier")
+
+    def verify(self, session_id: str, base_position: int, draft: Sequence[int]) -> WindowResult:
+        """Score ``draft`` in one target pass and commit n + 1 tokens.
+
+        Every check happens before any state changes, so a rejected window
+        leaves the session exactly as it was.
+        """
+        session = self._get(session_id)
+        draft = tuple(draft)
+        self._check_window(session, base_position, draft)
+        if base_position < len(session.committed):
+            return self._replay(session, base_position, draft)
+        started = time.perf_counter()
+        k = len(draft)
+        # Logits after committed[-1] and after each draft token: k + 1 choices.
+        choices = self.target.next_tokens(session.kv, session.committed + list(draft), k + 1)
+        verdict = verify_greedy(draft, choices, self.eos_ids)
+        session.committed.extend(verdict.committed(draft))
+        # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
+        self.target.crop(session.kv, len(session.committed) - 1)
+        result = WindowResult(verdict, base_position, len(session.committed), time.perf_counter() - started)
+        session.replies[base_position] = (draft, result)
+        while len(session.replies) > REPLAY_MEMORY:
+            session.replies.popitem(last=False)
+        return result
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise NotFound(f"session {session_id!r} is not open on this verifier; open it with its committed prefix") from None
+
+    def _check_window(self, session: _Session, base_position: int, draft: tuple[int, ...]) -> None:
+        if len(draft) > self.limits.max_window:
+            raise InvalidArgument("draft_tokens", f"window of {len(draft)} tokens exceeds max_window {self.limits.max_window}")
+        check_token_ids("draft_tokens", draft, self.target.vocab_size)
+        if base_position < 0:
+            raise InvalidArgument("base_position", f"must be >= 0, got {base_position}")
+        committed = len(session.committed)
+        if base_position > committed:
+            raise InvalidArgument("base_position", f"{base_position} is past the committed position {committed}")
+        if committed + len(draft) + 1 > self.limits.max_session_tokens:
+            raise InvalidArgument("draft_tokens", f"session would exceed {self.limits.max_session_tokens} tokens")
+
+    def _replay(self, session: _Session, base_position: int, draft: tuple[int, ...]) -> WindowResult:
+        """A window at an old position: the same verdict if it is a replay, else ABORTED."""
+        remembered = session.replies.get(base_position)
+        if remembered is not None and remembered[0] == draft:
+            return remembered[1]
+        raise Aborted(f"stale window at base_position {base_position}", len(session.committed))

@@ -1,0 +1,74 @@
+"""Coordinator service: drives draft -> verify -> commit rounds for each Generate call.
+
+    python -m services.coordinator --drafter 127.0.0.1:50062 --verifier 127.0.0.1:50061
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass
+
+from edgespec import rpc
+
+log = logging.getLogger("edgespec.coordinator")
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    host: str                  # interface to bind
+    port: int                  # TCP port (0 = any free port)
+    drafter: str               # drafter address host:port
+    verifier: str              # verifier address host:port
+    tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
+    window: int                # default draft window k, tokens (0 = target-only)
+    max_window: int            # largest window a request may ask for, tokens
+    max_new_tokens: int        # largest max_new_tokens a request may ask for, tokens
+    max_prompt_tokens: int     # largest prompt after templating, tokens
+    deadline_seconds: float    # deadline on every drafter / verifier call, seconds
+    grace_seconds: float       # drain time on shutdown, seconds
+
+
+def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="python -m services.coordinator",
+        description="edgespec coordinator: serves Generate, drafting on the drafter and verifying on the "
+                    "verifier, and streams the committed tokens. Every flag also reads EDGESPEC_COORDINATOR_<FLAG>.")
+    parser.add_argument("--host", default=env("EDGESPEC_COORDINATOR_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
+    parser.add_argument("--port", type=int, default=int(env("EDGESPEC_COORDINATOR_PORT", "50051")), help="port, 0 = any free (default %(default)s)")
+    parser.add_argument("--drafter", default=env("EDGESPEC_COORDINATOR_DRAFTER", "127.0.0.1:50062"), help="drafter address (default %(default)s)")
+    parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"), help="verifier address (default %(default)s)")
+    parser.add_argument("--tokenizer", default=env("EDGESPEC_COORDINATOR_TOKENIZER", "draft"),
+                        help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models) or a directory")
+    parser.add_argument("--window", type=int, default=int(env("EDGESPEC_COORDINATOR_WINDOW", "3")), help="default draft window, tokens; 0 = target-only (default %(default)s)")
+    parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")
+    parser.add_argument("--deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_DEADLINE", "60")), help="per-call deadline, seconds (default %(default)s)")
+    parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
+    a = parser.parse_args(argv)
+    return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.max_window,
+                             a.max_new_tokens, a.max_prompt_tokens, a.deadline, a.grace)
+
+
+async def main(config: CoordinatorConfig) -> None:
+    from edgespec.tokenizer import load_tokenizer
+    from services.coordinator.clients import GrpcDrafter, GrpcVerifier
+    from services.coordinator.servicer import CoordinatorServicer, register
+
+    tokenizer = load_tokenizer(config.tokenizer)
+    drafter = GrpcDrafter(config.drafter, config.deadline_seconds)
+    verifier = GrpcVerifier(config.verifier, config.deadline_seconds)
+    servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
+                                   config.max_new_tokens, config.max_prompt_tokens)
+    server, port, health = rpc.create_server(config.host, config.port, register(servicer))
+    log.info("drafter %s, verifier %s, default window %d", config.drafter, config.verifier, config.window)
+    await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
+    await drafter.aclose()
+    await verifier.aclose()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rpc.run(main(parse_args()))

@@ -1,0 +1,100 @@
+"""gRPC clients for the drafter and the verifier, as the round loop's ports.
+
+grpc errors become domain errors here (edgespec.rpc.from_rpc_error) and nowhere
+else on the coordinator side.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+import grpc
+
+from edgespec import errors, rpc
+from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from edgespec.verification import Verdict
+
+
+class GrpcDrafter:
+    def __init__(self, address: str, deadline_seconds: float):
+        self.address = address
+        self._deadline = deadline_seconds
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+
+    async def info(self) -> drafter_pb2.DrafterInfoResponse:
+        return await self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest())
+
+    async def open(self, session_id: str, tokens: Sequence[int]) -> None:
+        await self._call(self._stub.OpenSession, drafter_pb2.DrafterOpenRequest(session_id=session_id, tokens=tokens))
+
+    async def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> list[int]:
+        reply = await self._call(self._stub.Draft, drafter_pb2.DraftRequest(
+            session_id=session_id, base_position=base_position, append=append, k=k))
+        return list(reply.tokens)
+
+    async def close(self, session_id: str) -> None:
+        await self._call(self._stub.CloseSession, drafter_pb2.DrafterCloseRequest(session_id=session_id))
+
+    async def _call(self, method, request):
+        try:
+            return await method(request, timeout=self._deadline)
+        except grpc.aio.AioRpcError as error:
+            raise rpc.from_rpc_error(error, f"drafter {self.address}") from error
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+
+class GrpcVerifier:
+    """One VerifyStream per session: a window is written, its verdict read back."""
+
+    def __init__(self, address: str, deadline_seconds: float):
+        self.address = address
+        self._deadline = deadline_seconds
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
+        self._streams: dict[str, grpc.aio.StreamStreamCall] = {}
+
+    async def info(self) -> verifier_pb2.InfoResponse:
+        try:
+            return await self._stub.Info(verifier_pb2.InfoRequest(), timeout=self._deadline)
+        except grpc.aio.AioRpcError as error:
+            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
+
+    async def open(self, session_id: str, tokens: Sequence[int]) -> None:
+        try:
+            await self._stub.OpenSession(verifier_pb2.OpenSessionRequest(session_id=session_id, tokens=tokens),
+                                         timeout=self._deadline)
+        except grpc.aio.AioRpcError as error:
+            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
+        self._streams[session_id] = self._stub.VerifyStream()
+
+    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int]) -> Verdict:
+        stream = self._streams[session_id]
+        try:
+            await stream.write(verifier_pb2.Window(session_id=session_id, window_seq=window_seq,
+                                                   base_position=base_position, draft_tokens=draft))
+            reply = await asyncio.wait_for(stream.read(), self._deadline)
+        except grpc.aio.AioRpcError as error:
+            self._streams.pop(session_id, None)
+            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
+        except asyncio.TimeoutError:
+            self._streams.pop(session_id, None).cancel()
+            raise errors.Unavailable(f"verifier {self.address}: no verdict within {self._deadline}s") from None
+        if reply is grpc.aio.EOF:
+            self._streams.pop(session_id, None)
+            raise errors.Unavailable(f"verifier {self.address}: stream ended ({await stream.code()})")
+        return Verdict(accepted=reply.accepted, next_token=reply.next_token)
+
+    async def close(self, session_id: str) -> None:
+        stream = self._streams.pop(session_id, None)
+        if stream is not None:
+            await stream.done_writing()
+        try:
+            await self._stub.CloseSession(verifier_pb2.CloseSessionRequest(session_id=session_id), timeout=self._deadline)
+        except grpc.aio.AioRpcError as error:
+            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
+
+    async def aclose(self) -> None:
+        await self._channel.close()
