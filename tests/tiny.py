@@ -1,0 +1,52 @@
+"""Helpers for tests on tiny random-weight models: references and in-process ports."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from edgespec.backends.registry import TINY_EOS, load_lm
+from edgespec.drafter_engine import DrafterEngine
+from edgespec.verification import Verdict
+from edgespec.verifier_engine import VerifierEngine
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(spec: str):
+    return load_lm(spec)
+
+
+def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """The reference: transformers generate() on the target alone, greedy, with its KV cache."""
+    model = tiny(spec).model
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=TINY_EOS, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class InProcessDrafter:
+    def __init__(self, engine: DrafterEngine):
+        self.engine = engine
+
+    async def open(self, session_id, tokens):
+        self.engine.open(session_id, tokens)
+
+    async def draft(self, session_id, base_position, append, k):
+        return self.engine.draft(session_id, base_position, append, k)[0]
+
+    async def close(self, session_id):
+        self.engine.close(session_id)
+
+
+class InProcessVerifier:
+    def __init__(self, engine: VerifierEngine):
+        self.engine = engine
+
+    async def open(self, session_id, tokens):
+        self.engine.open(session_id, tokens)
+
+    async def verify(self, session_id, window_seq, base_position, draft) -> Verdict:
+        return self.engine.verify(session_id, base_position, draft).verdict
+
+    async def close(self, session_id):
+        self.engine.close(session_id)

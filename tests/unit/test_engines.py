@@ -1,0 +1,195 @@
+"""Verifier and drafter engines on tiny real models: exactness, rollback, bad input."""
+import asyncio
+
+import pytest
+import torch
+
+from edgespec.backends.registry import TINY_EOS
+from edgespec.backends.torch_lm import TorchCausalLM
+from edgespec.drafter_engine import DrafterEngine, DrafterLimits
+from edgespec.errors import Aborted, InvalidArgument, NotFound
+from edgespec.session import SessionLog
+from edgespec.speculation import speculate
+from edgespec.verifier_engine import VerifierEngine, VerifierLimits
+from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
+
+PROMPTS = [b"def hello():", b"The capital of France is", b"Hi!", b"x", b"for i in range(10):\n    print(i)"]
+
+
+def run_speculation(target: str, draft: str, prompt: list[int], max_new: int, window: int) -> tuple[list[int], SessionLog]:
+    verifier = VerifierEngine(tiny(target), [TINY_EOS])
+    drafter = DrafterEngine(tiny(draft))
+    log = SessionLog(prompt, max_new, frozenset({TINY_EOS}))
+
+    async def go():
+        verifier.open("s", prompt)
+        drafter.open("s", prompt)
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), window):
+            pass
+
+    asyncio.run(go())
+    assert verifier.committed("s") == log.committed
+    return log.generated, log
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("window", [0, 1, 3, 8])
+def test_greedy_output_identical_to_target_only(seed, window):
+    target = f"tiny:{seed}"
+    for i, prompt in enumerate(PROMPTS):
+        draft = f"tiny:{seed}~{i}" if i % 2 == 0 else f"tiny:{seed + 100}"
+        got, log = run_speculation(target, draft, list(prompt), 40, window)
+        assert got == target_only_greedy(target, list(prompt), 40), (seed, window, prompt, draft)
+
+
+def test_perturbed_draft_gives_partial_acceptance():
+    _, log = run_speculation("tiny:1", "tiny:1~0", list(PROMPTS[0]), 60, 4)
+    assert 0.2 < log.stats.acceptance_rate < 0.9  # the rollback paths are really exercised
+
+
+def test_identical_draft_accepts_everything():
+    got, log = run_speculation("tiny:2", "tiny:2", list(PROMPTS[1]), 41, 4)
+    assert log.stats.acceptance_rate == 1.0 and log.stats.rounds == 41 // 5 + (41 % 5 > 0)
+
+
+class RecordingLM(TorchCausalLM):
+    """The real backend, recording how many cached positions each crop drops."""
+
+    def __init__(self, inner: TorchCausalLM):
+        super().__init__(inner.model, inner.name, inner.device)
+        self.drops: list[int] = []
+
+    def crop(self, state, length):
+        drop = len(state.tokens) - length
+        if drop > 0:
+            self.drops.append(drop)
+        super().crop(state, length)
+
+
+def test_rollback_arithmetic_target_crops_k_minus_n_drafter_crops_k_minus_1_minus_n():
+    target, draft = RecordingLM(tiny("tiny:3")), RecordingLM(tiny("tiny:3~1"))
+    verifier, drafter = VerifierEngine(target, [TINY_EOS]), DrafterEngine(draft)
+    prompt = list(b"abcdefgh")
+    verifier.open("s", prompt)
+    drafter.open("s", prompt)
+    base, append, seen = len(prompt), [], set()
+    k = 4
+    for _ in range(40):
+        target.drops.clear()
+        draft.drops.clear()
+        proposal, _ = drafter.draft("s", base, append, k)
+        # Drafter crop happens lazily at the start of this draft, for the previous round.
+        assert len(drafter._sessions["s"].kv.tokens) == base + k - 1   # the last draft token is never fed
+        result = verifier.verify("s", base, proposal)
+        n = result.verdict.accepted
+        assert target.drops == ([k - n] if k - n else [])
+        assert len(verifier._sessions["s"].kv.tokens) == base + n
+        committed = result.verdict.committed(proposal)
+        # Next round's drafter sync: it keeps committed[:base + min(n, k-1)], i.e. drops (k-1)-n.
+        target.drops.clear()
+        draft.drops.clear()
+        next_proposal, _ = drafter.draft("s", base + n + 1, committed, 1)
+        expected = (k - 1) - n
+        assert draft.drops[:1] == ([expected] if expected > 0 else []), (n, draft.drops)
+        seen.add(n)
+        # Roll the drafter back to the committed position for the real next round.
+        base, append = base + n + 1, []
+        drafter.crop("s", base)
+    assert 0 in seen and k in seen and len(seen) >= 3   # rejection, partial and full-acceptance paths
+
+
+def test_crop_then_logits_matches_a_fresh_cache():
+    lm = tiny("tiny:4")
+    seq = list(b"speculative decoding")
+    state = lm.new_state()
+    lm.logits(state, seq + list(b" is fast"))
+    after_crop = lm.logits(state, seq)          # shares 20 tokens: crops 8, feeds 1
+    fresh = lm.logits(lm.new_state(), seq)[-1:]
+    assert len(state.tokens) == len(seq)
+    torch.testing.assert_close(after_crop, fresh, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def verifier():
+    engine = VerifierEngine(tiny("tiny:5"), [TINY_EOS], VerifierLimits(max_window=4, max_session_tokens=64))
+    engine.open("s", list(b"hello"))
+    return engine
+
+
+@pytest.mark.parametrize("call,error,field", [
+    (lambda v: v.verify("nope", 5, [1]), NotFound, None),
+    (lambda v: v.verify("s", 5, [1] * 5), InvalidArgument, "draft_tokens"),
+    (lambda v: v.verify("s", 5, [1, 320]), InvalidArgument, "draft_tokens"),
+    (lambda v: v.verify("s", 5, [-1]), InvalidArgument, "draft_tokens"),
+    (lambda v: v.verify("s", -1, [1]), InvalidArgument, "base_position"),
+    (lambda v: v.verify("s", 6, [1]), InvalidArgument, "base_position"),
+    (lambda v: v.verify("s", 3, [1]), Aborted, None),
+    (lambda v: v.open("s", []), InvalidArgument, "tokens"),
+    (lambda v: v.open("s", [1] * 65), InvalidArgument, "tokens"),
+    (lambda v: v.open("s", [999]), InvalidArgument, "tokens"),
+    (lambda v: v.open("", [1]), InvalidArgument, "session_id"),
+    (lambda v: v.close("nope"), NotFound, None),
+], ids=["unknown_session", "window_too_long", "id_above_vocab", "negative_id", "negative_base", "future_base",
+        "stale_base", "empty_prefix", "prefix_too_long", "prefix_bad_id", "empty_session_id", "close_unknown"])
+def test_verifier_bad_input_is_rejected_and_changes_nothing(verifier, call, error, field):
+    before = verifier.committed("s")
+    with pytest.raises(error) as raised:
+        call(verifier)
+    if field:
+        assert raised.value.field == field
+    assert verifier.committed("s") == before
+    # The session still verifies exactly as a fresh one would.
+    fresh = VerifierEngine(tiny("tiny:5"), [TINY_EOS])
+    fresh.open("s", before)
+    assert verifier.verify("s", len(before), [1, 2]).verdict == fresh.verify("s", len(before), [1, 2]).verdict
+
+
+def test_stale_window_reports_committed_position(verifier):
+    verifier.verify("s", 5, [1, 2])
+    committed = len(verifier.committed("s"))
+    with pytest.raises(Aborted) as raised:
+        verifier.verify("s", 5, [3, 4])
+    assert raised.value.committed_position == committed
+
+
+def test_replayed_window_gets_the_identical_verdict_and_commits_nothing(verifier):
+    first = verifier.verify("s", 5, [1, 2, 3])
+    after = verifier.committed("s")
+    again = verifier.verify("s", 5, [1, 2, 3])
+    assert again == first
+    assert verifier.committed("s") == after
+
+
+@pytest.fixture
+def drafter():
+    engine = DrafterEngine(tiny("tiny:6"), DrafterLimits(max_window=4, max_session_tokens=64))
+    engine.open("s", list(b"hello"))
+    return engine
+
+
+@pytest.mark.parametrize("call,error", [
+    (lambda d: d.draft("nope", 5, [], 2), NotFound),
+    (lambda d: d.draft("s", 5, [], 0), InvalidArgument),
+    (lambda d: d.draft("s", 5, [], 5), InvalidArgument),
+    (lambda d: d.draft("s", 6, [400], 2), InvalidArgument),
+    (lambda d: d.draft("s", -1, [], 2), InvalidArgument),
+    (lambda d: d.draft("s", 1, [1, 2], 2), InvalidArgument),
+    (lambda d: d.draft("s", 9, [1], 2), Aborted),
+    (lambda d: d.crop("s", 0), InvalidArgument),
+    (lambda d: d.crop("s", 6), InvalidArgument),
+    (lambda d: d.close("nope"), NotFound),
+], ids=["unknown_session", "k_zero", "k_too_big", "bad_append_id", "negative_base", "append_longer_than_base",
+        "gap_after_committed", "crop_to_zero", "crop_past_end", "close_unknown"])
+def test_drafter_bad_input_is_rejected_and_changes_nothing(drafter, call, error):
+    before = drafter.committed("s")
+    with pytest.raises(error):
+        call(drafter)
+    assert drafter.committed("s") == before
+
+
+def test_drafter_set_position_then_append(drafter):
+    drafter.draft("s", 7, [10, 11], 2)
+    assert drafter.committed("s") == [*b"hello", 10, 11]
+    drafter.draft("s", 4, [12], 1)      # rewinds to 3 tokens, appends one
+    assert drafter.committed("s") == [*b"hel", 12]
+    assert drafter.crop("s", 2) == 2 and drafter.committed("s") == list(b"he")

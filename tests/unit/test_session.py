@@ -1,0 +1,48 @@
+import pytest
+
+from edgespec.session import SessionLog, truncate_at_eos
+from edgespec.verification import Verdict
+
+
+def make(max_new=10):
+    return SessionLog(prompt=[1, 2, 3], max_new_tokens=max_new, eos_ids=frozenset({0}))
+
+
+def test_commit_records_tokens_and_stats():
+    log = make()
+    assert log.commit([5, 6, 7], Verdict(2, 9)) == [5, 6, 9]
+    assert log.committed == [1, 2, 3, 5, 6, 9]
+    assert log.position == 6
+    assert (log.stats.rounds, log.stats.drafted, log.stats.accepted) == (1, 3, 2)
+    assert log.stats.acceptance_rate == pytest.approx(2 / 3)
+    assert log.stats.mean_accepted_length == 3
+    assert log.finish_reason is None
+
+
+def test_eos_finishes():
+    log = make()
+    log.commit([5], Verdict(1, 0))
+    assert log.finish_reason == "eos"
+
+
+def test_window_clamped_so_a_round_never_overshoots_the_budget():
+    log = make(max_new=4)
+    assert log.clamp_window(8) == 3
+    log.commit([5, 6, 7], Verdict(3, 8))
+    assert log.remaining == 0 and log.finish_reason == "length"
+    log2 = make(max_new=1)
+    assert log2.clamp_window(4) == 0
+
+
+def test_commit_rejects_impossible_verdicts():
+    log = make(max_new=2)
+    with pytest.raises(ValueError):
+        log.commit([5], Verdict(2, 1))
+    with pytest.raises(ValueError):
+        log.commit([5, 6, 7], Verdict(3, 1))
+    assert log.generated == []
+
+
+def test_truncate_at_eos():
+    assert truncate_at_eos([4, 5, 0, 6], {0}) == [4, 5, 0]
+    assert truncate_at_eos([4, 5], {0}) == [4, 5]
