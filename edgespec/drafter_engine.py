@@ -18,6 +18,7 @@ class DraftModel(Protocol):
 
     def new_state(self) -> Any: ...
     def greedy_draft(self, state: Any, committed: Sequence[int], k: int) -> list[int]: ...
+    def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,9 @@ class DrafterEngine:
     def open(self, session_id: str, tokens: Sequence[int]) -> int:
         check_session_id(session_id)
         check_prefix("tokens", tokens, self.model.vocab_size, self.limits.max_session_tokens)
-        self._sessions[session_id] = _Session(list(tokens), self.model.new_state())
+        session = _Session(list(tokens), self.model.new_state())
+        self.model.prefill(session.kv, tokens)   # so the first draft costs what later ones do
+        self._sessions[session_id] = session
         return len(tokens)
 
     def close(self, session_id: str) -> None:

@@ -23,6 +23,7 @@ class TargetModel(Protocol):
     def new_state(self) -> Any: ...
     def crop(self, state: Any, length: int) -> None: ...
     def next_tokens(self, state: Any, seq: Sequence[int], last: int) -> list[int]: ...
+    def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,7 @@ class VerifierEngine:
         check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
         started = time.perf_counter()
         session = _Session(committed=list(tokens), kv=self.target.new_state())
-        if len(tokens) > 1:
-            # Cache everything but the last token; the first window feeds it.
-            self.target.next_tokens(session.kv, tokens[:-1], 1)
+        self.target.prefill(session.kv, tokens)
         self._sessions[session_id] = session
         return time.perf_counter() - started
 

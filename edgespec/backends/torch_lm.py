@@ -133,6 +133,11 @@ class TorchCausalLM:
         state.tokens.extend(feed)
         return out.logits[0].float()
 
+    def prefill(self, state: KVState, tokens: Sequence[int]) -> None:
+        """Cache all but the last token of ``tokens`` (the next call feeds that one)."""
+        if len(tokens) > 1:
+            self.logits(state, tokens[:-1])
+
     def next_tokens(self, state: KVState, seq: Sequence[int], last: int) -> list[int]:
         """Greedy choices after each of the last ``last`` positions of ``seq``."""
         rows = self.logits(state, seq)

