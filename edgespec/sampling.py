@@ -1,0 +1,169 @@
+"""Lossless speculative sampling — pure functions over numpy arrays, no torch, no I/O.
+
+Leviathan et al. 2023 / Chen et al. 2023. ``p`` is the target's distribution,
+``q`` the draft's, both after the *same* warping (temperature, top-k, top-p).
+For each draft token x_i: accept iff u_i < p_i(x)/q_i(x) (strict; never when
+p_i(x) = 0 or q_i(x) = 0); at the first rejection emit a token from the residual
+norm(max(0, p_i - q_i)) drawn with a fresh uniform; after a fully accepted
+window emit a bonus token from p_k. The emitted sequence is then distributed
+exactly as sampling from the target alone.
+
+Randomness is injected: every uniform comes from (seed, position, purpose), so a
+replayed window gets the same verdict and the same seed gives the same text.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+import numpy as np
+
+from edgespec.verification import Verdict
+
+ACCEPT, RESIDUAL, BONUS, DRAFT = "accept", "residual", "bonus", "draft"   # uniform purposes
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0   # 0 = greedy; > 0 samples from softmax(logits / temperature)
+    top_k: int = 0             # keep the k most likely tokens (0 = all)
+    top_p: float = 1.0         # keep the smallest set with cumulative probability >= top_p (1 = all)
+    seed: int = 0              # with the position, determines every random draw
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash carried by every window, so both sides provably warp alike."""
+        raw = struct.pack("<dqdq", self.temperature, self.top_k, self.top_p, self.seed)
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
+
+
+def check_params(params: SamplingParams) -> None:
+    from edgespec.errors import InvalidArgument
+
+    if not 0.0 <= params.temperature <= 100.0 or params.temperature != params.temperature:
+        raise InvalidArgument("temperature", f"must be in [0, 100], got {params.temperature}")
+    if params.top_k < 0:
+        raise InvalidArgument("top_k", f"must be >= 0, got {params.top_k}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise InvalidArgument("top_p", f"must be in (0, 1], got {params.top_p}")
+
+
+def uniform(seed: int, position: int, purpose: str) -> float:
+    """A uniform in [0, 1) determined by (seed, position, purpose): 53 random bits."""
+    digest = hashlib.blake2b(f"{seed}:{position}:{purpose}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
+
+
+def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """logits [V] -> probabilities [V] after temperature, top-k and top-p (float64).
+
+    Greedy (temperature 0) is the one-hot of the argmax.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if params.greedy:
+        probs = np.zeros_like(logits)
+        probs[int(np.argmax(logits))] = 1.0
+        return probs
+    scaled = logits / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = np.partition(scaled, -params.top_k)[-params.top_k]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = np.exp(scaled - np.max(scaled))
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        # Smallest prefix reaching top_p (with slack for float rounding in the cumulative sum).
+        keep = int(np.searchsorted(cumulative, params.top_p - 1e-9)) + 1
+        mask = np.zeros_like(probs, dtype=bool)
+        mask[order[:keep]] = True
+        probs = np.where(mask, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def sample(probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw from ``probs`` [V] (need not be normalised) with uniform ``u``."""
+    cumulative = np.cumsum(probs)
+    index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    # Guard the float edge (u * total rounding onto the last step): never return a zero-mass token.
+    while probs[min(index, len(probs) - 1)] <= 0.0:
+        index -= 1
+    return min(index, len(probs) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SparseDist:
+    """A truncated draft distribution for one position: ids with their probabilities (sum 1)."""
+    ids: tuple[int, ...]
+    probs: tuple[float, ...]
+
+    def prob(self, token: int) -> float:
+        try:
+            return self.probs[self.ids.index(token)]
+        except ValueError:
+            return 0.0
+
+    def dense(self, vocab_size: int) -> np.ndarray:
+        out = np.zeros(vocab_size)
+        out[list(self.ids)] = self.probs
+        return out
+
+    @staticmethod
+    def from_dense(probs: np.ndarray) -> "SparseDist":
+        ids = np.flatnonzero(probs > 0)
+        return SparseDist(tuple(int(i) for i in ids), tuple(float(probs[i]) for i in ids))
+
+
+def verify_sampling(draft: Sequence[int], q: Sequence[SparseDist] | None, p: np.ndarray, seed: int,
+                    base_position: int, eos_ids: Collection[int] = ()) -> Verdict:
+    """Lossless verification of one window.
+
+    draft:  [k]        proposed token ids for positions base_position .. base_position+k-1
+    q:      [k] or None  the draft distribution each token was sampled from; None means a
+                       deterministic drafter (one-hot q: accept with probability p(x),
+                       resample from p with x removed)
+    p:      [k + 1, V] target probabilities (already warped) at those positions and the bonus
+    """
+    k = len(draft)
+    if p.shape[0] != k + 1:
+        raise ValueError(f"p has {p.shape[0]} rows, expected k + 1 = {k + 1}")
+    if q is not None and len(q) != k:
+        raise ValueError(f"q has {len(q)} rows, expected k = {k}")
+    for i, x in enumerate(draft):
+        position = base_position + i
+        px = float(p[i, x])
+        qx = 1.0 if q is None else q[i].prob(x)
+        if px > 0.0 and qx > 0.0 and uniform(seed, position, ACCEPT) < px / qx:
+            if x in eos_ids:
+                return Verdict(accepted=i, next_token=x)   # EOS ends the window, as in verify_greedy
+            continue
+        residual = np.array(p[i], dtype=np.float64)
+        if q is None:
+            residual[x] = 0.0
+        else:
+            residual = np.maximum(residual - q[i].dense(residual.shape[0]), 0.0)
+        if residual.sum() <= 0.0:
+            # Only reachable when p_i == q_i exactly and x had p = 0, which q could not sample.
+            residual = np.array(p[i], dtype=np.float64)
+        return Verdict(accepted=i, next_token=sample(residual, uniform(seed, position, RESIDUAL)))
+    return Verdict(accepted=k, next_token=sample(p[k], uniform(seed, base_position + k, BONUS)))
+
+
+def truncate_to_sparse(probs: np.ndarray, max_ids: int) -> SparseDist:
+    """Keep the ``max_ids`` most likely tokens of a draft distribution, renormalised.
+
+    The drafter *samples from this truncated q* and sends it, so the verifier's
+    residual is exact for the distribution actually used.
+    """
+    if max_ids <= 0 or np.count_nonzero(probs) <= max_ids:
+        return SparseDist.from_dense(probs / probs.sum())
+    top = np.argpartition(-probs, max_ids - 1)[:max_ids]
+    top = top[np.argsort(-probs[top], kind="stable")]
+    kept = probs[top] / probs[top].sum()
+    return SparseDist(tuple(int(i) for i in top), tuple(float(v) for v in kept))
