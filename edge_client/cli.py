@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="coordinator address (env EDGESPEC_COORDINATOR, default %(default)s)")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default %(default)s)")
     gen.add_argument("--window", type=int, default=-1, help="draft window; 0 = target-only, -1 = coordinator default")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
+    gen.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = all)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus probability (1 = all)")
+    gen.add_argument("--seed", type=int, default=None, help="sampling: seed for reproducible output")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
     args = parser.parse_args(argv)
@@ -51,7 +55,8 @@ async def _generate(args) -> int:
 
     try:
         async for event in generate(args.coordinator, args.prompt, args.max_new_tokens, args.window,
-                                    chat=not args.raw, timeout_seconds=args.timeout):
+                                    chat=not args.raw, timeout_seconds=args.timeout, temperature=args.temperature,
+                                    top_k=args.top_k, top_p=args.top_p, seed=args.seed):
             if event.HasField("chunk"):
                 sys.stdout.write(event.chunk.text)
                 sys.stdout.flush()
@@ -67,7 +72,8 @@ async def _generate(args) -> int:
 def format_stats(s) -> str:
     return (f"[{s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
             f"acceptance {s.acceptance_rate:.1%} | {s.mean_accepted_length:.2f} tokens/round over {s.rounds} rounds | "
-            f"finish {s.finish_reason} | verifier {s.verifier}]")
+            f"finish {s.finish_reason} | {s.verification}" + (f" seed {s.seed}" if s.verification != "greedy" else "")
+            + f" | verifier {s.verifier}]")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+import numpy as np
+
 from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.limits import check_prefix, check_session_id, check_token_ids
+from edgespec.sampling import DRAFT, SamplingParams, SparseDist, check_params, truncate_to_sparse, uniform, warp
 
 
 class DraftModel(Protocol):
@@ -19,6 +22,7 @@ class DraftModel(Protocol):
     def new_state(self) -> Any: ...
     def greedy_draft(self, state: Any, committed: Sequence[int], k: int) -> list[int]: ...
     def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
+    def logits_rows(self, state: Any, seq: Sequence[int], last: int) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +31,19 @@ class DrafterLimits:
     max_session_tokens: int = 8192  # largest committed length of one session, tokens
 
 
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    tokens: list[int]               # k proposed tokens
+    q: list[SparseDist] | None      # what each was sampled from; None = deterministic (one-hot q)
+    seconds: float                  # model time, seconds
+
+
 @dataclass(slots=True)
 class _Session:
     committed: list[int]
     kv: Any
+    params: SamplingParams
+    q_ids: int    # ids of q kept per position when sampling; 0 = deterministic drafting
 
 
 class DrafterEngine:
@@ -42,10 +55,14 @@ class DrafterEngine:
     def committed(self, session_id: str) -> list[int]:
         return list(self._get(session_id).committed)
 
-    def open(self, session_id: str, tokens: Sequence[int]) -> int:
+    def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams(),
+             q_ids: int = 0) -> int:
         check_session_id(session_id)
         check_prefix("tokens", tokens, self.model.vocab_size, self.limits.max_session_tokens)
-        session = _Session(list(tokens), self.model.new_state())
+        check_params(params)
+        if not 0 <= q_ids <= self.model.vocab_size:
+            raise InvalidArgument("q_ids", f"must be in 0..{self.model.vocab_size}, got {q_ids}")
+        session = _Session(list(tokens), self.model.new_state(), params, q_ids)
         self.model.prefill(session.kv, tokens)   # so the first draft costs what later ones do
         self._sessions[session_id] = session
         return len(tokens)
@@ -61,10 +78,10 @@ class DrafterEngine:
         del session.committed[position:]
         return position
 
-    def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> tuple[list[int], float]:
+    def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> Proposal:
         """Set committed = committed[:base_position - len(append)] + append; propose k tokens.
 
-        Returns (draft tokens, seconds). All checks run before any state changes.
+        All checks run before any state changes.
         """
         session = self._get(session_id)
         if not 1 <= k <= self.limits.max_window:
@@ -79,8 +96,29 @@ class DrafterEngine:
             raise InvalidArgument("base_position", f"session would exceed {self.limits.max_session_tokens} tokens")
         session.committed[start:] = append
         started = time.perf_counter()
-        draft = self.model.greedy_draft(session.kv, session.committed, k)
-        return draft, time.perf_counter() - started
+        if session.params.greedy:
+            return Proposal(self.model.greedy_draft(session.kv, session.committed, k), None,
+                            time.perf_counter() - started)
+        tokens, q = self._sample_draft(session, k)
+        return Proposal(tokens, q, time.perf_counter() - started)
+
+    def _sample_draft(self, session: _Session, k: int) -> tuple[list[int], list[SparseDist] | None]:
+        """Sample k tokens from the warped draft distribution (truncated to q_ids ids),
+        or take its argmax when q_ids is 0 (a deterministic drafter: one-hot q)."""
+        seq = list(session.committed)
+        tokens: list[int] = []
+        dists: list[SparseDist] = []
+        for _ in range(k):
+            probs = warp(self.model.logits_rows(session.kv, seq, 1)[0], session.params)
+            if session.q_ids == 0:
+                token = int(np.argmax(probs))
+            else:
+                dist = truncate_to_sparse(probs, session.q_ids)
+                token = dist.sample(uniform(session.params.seed, len(seq), DRAFT))
+                dists.append(dist)
+            tokens.append(token)
+            seq.append(token)
+        return tokens, (dists if session.q_ids else None)
 
     def _get(self, session_id: str) -> _Session:
         try:

@@ -25,3 +25,24 @@ def check_prefix(field: str, tokens: Sequence[int], vocab_size: int, max_tokens:
     if len(tokens) > max_tokens:
         raise InvalidArgument(field, f"{len(tokens)} tokens exceeds the session limit of {max_tokens}")
     check_token_ids(field, tokens, vocab_size)
+
+
+def check_draft_probs(q: Sequence, draft: Sequence[int], vocab_size: int, sampling: bool) -> None:
+    """Draft distributions: none for greedy sessions; else none (one-hot) or one per draft token."""
+    if not q:
+        return
+    if not sampling:
+        raise InvalidArgument("draft_probs", "greedy sessions take no draft distributions")
+    if len(q) != len(draft):
+        raise InvalidArgument("draft_probs", f"{len(q)} distributions for {len(draft)} draft tokens")
+    for i, (dist, token) in enumerate(zip(q, draft)):
+        where = f"distribution {i}"
+        if not dist.ids or len(dist.ids) != len(dist.weights):
+            raise InvalidArgument("draft_probs", f"{where}: needs as many weights as ids, and at least one")
+        if len(set(dist.ids)) != len(dist.ids):
+            raise InvalidArgument("draft_probs", f"{where}: repeated token ids")
+        check_token_ids("draft_probs", dist.ids, vocab_size)
+        if not all(0.0 < w < float("inf") for w in dist.weights):
+            raise InvalidArgument("draft_probs", f"{where}: weights must be positive and finite")
+        if token not in dist.ids:
+            raise InvalidArgument("draft_probs", f"{where}: draft token {token} has q = 0, it cannot have been sampled")

@@ -14,6 +14,7 @@ replayed window gets the same verdict and the same seed gives the same text.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from dataclasses import dataclass
 from typing import Collection, Sequence
@@ -99,20 +100,28 @@ def sample(probs: np.ndarray, u: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SparseDist:
-    """A truncated draft distribution for one position: ids with their probabilities (sum 1)."""
+    """A (truncated) draft distribution for one position, as it crosses the wire.
+
+    ``weights`` are float32-representable and need not sum to 1: both sides use
+    q(x) = weight(x) / sum(weights) in float64, so the drafter samples from exactly
+    the distribution the verifier computes its residual against.
+    """
     ids: tuple[int, ...]
-    probs: tuple[float, ...]
+    weights: tuple[float, ...]
 
     def prob(self, token: int) -> float:
         try:
-            return self.probs[self.ids.index(token)]
+            return self.weights[self.ids.index(token)] / math.fsum(self.weights)
         except ValueError:
             return 0.0
 
     def dense(self, vocab_size: int) -> np.ndarray:
         out = np.zeros(vocab_size)
-        out[list(self.ids)] = self.probs
-        return out
+        out[list(self.ids)] = self.weights
+        return out / math.fsum(self.weights)
+
+    def sample(self, u: float) -> int:
+        return self.ids[sample(np.array(self.weights), u)]
 
     @staticmethod
     def from_dense(probs: np.ndarray) -> "SparseDist":
@@ -156,14 +165,15 @@ def verify_sampling(draft: Sequence[int], q: Sequence[SparseDist] | None, p: np.
 
 
 def truncate_to_sparse(probs: np.ndarray, max_ids: int) -> SparseDist:
-    """Keep the ``max_ids`` most likely tokens of a draft distribution, renormalised.
+    """Keep the ``max_ids`` most likely tokens of a draft distribution (0 = every nonzero one).
 
-    The drafter *samples from this truncated q* and sends it, so the verifier's
-    residual is exact for the distribution actually used.
+    Weights are rounded to float32 here, before anyone samples, so the drafter
+    samples from exactly what it sends and the verifier's residual is exact.
     """
-    if max_ids <= 0 or np.count_nonzero(probs) <= max_ids:
-        return SparseDist.from_dense(probs / probs.sum())
-    top = np.argpartition(-probs, max_ids - 1)[:max_ids]
-    top = top[np.argsort(-probs[top], kind="stable")]
-    kept = probs[top] / probs[top].sum()
-    return SparseDist(tuple(int(i) for i in top), tuple(float(v) for v in kept))
+    support = np.flatnonzero(probs > 0)
+    if 0 < max_ids < len(support):
+        support = np.argpartition(-probs, max_ids - 1)[:max_ids]
+    support = support[np.argsort(-probs[support], kind="stable")]
+    weights = probs[support].astype(np.float32)
+    keep = weights > 0
+    return SparseDist(tuple(int(i) for i in support[keep]), tuple(float(w) for w in weights[keep]))

@@ -10,42 +10,47 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator, Protocol, Sequence
 
+from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.session import SessionLog
 from edgespec.verification import Verdict
 
 
 class DrafterPort(Protocol):
-    async def open(self, session_id: str, tokens: Sequence[int]) -> None: ...
-    async def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> list[int]: ...
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
+    async def draft(self, session_id: str, base_position: int, append: Sequence[int],
+                    k: int) -> tuple[list[int], list[SparseDist] | None]: ...
     async def close(self, session_id: str) -> None: ...
 
 
 class VerifierPort(Protocol):
-    async def open(self, session_id: str, tokens: Sequence[int]) -> None: ...
-    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int]) -> Verdict: ...
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
+    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int],
+                     q: Sequence[SparseDist], params_fingerprint: int) -> Verdict: ...
     async def close(self, session_id: str) -> None: ...
 
 
 async def speculate(log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                    window: int) -> AsyncIterator[list[int]]:
+                    window: int, params: SamplingParams = SamplingParams()) -> AsyncIterator[list[int]]:
     """Run rounds with a fixed window until EOS or the budget; yield each round's tokens.
 
     ``window`` = 0 runs target-only decoding (one target step per round, no drafter).
-    The caller opens and closes the sessions on both sides.
+    The caller opens the sessions on both sides (with ``params``) and closes them.
     """
+    fingerprint = params.fingerprint()
     drafter_synced = log.position   # committed tokens the drafter has seen
     window_seq = 0
     while log.finish_reason is None:
         k = log.clamp_window(window)
         base = log.position
         draft: list[int] = []
+        q: list[SparseDist] | None = None
         if k > 0:
             started = time.perf_counter()
-            draft = await drafter.draft(session_id, base, log.committed[drafter_synced:], k)
+            draft, q = await drafter.draft(session_id, base, log.committed[drafter_synced:], k)
             log.stats.draft_seconds += time.perf_counter() - started
             drafter_synced = base
         started = time.perf_counter()
-        verdict = await verifier.verify(session_id, window_seq, base, draft)
+        verdict = await verifier.verify(session_id, window_seq, base, draft, q or (), fingerprint)
         log.stats.verify_seconds += time.perf_counter() - started
         window_seq += 1
         yield log.commit(draft, verdict)

@@ -10,8 +10,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+import numpy as np
+
 from edgespec.errors import Aborted, InvalidArgument, NotFound
-from edgespec.limits import check_prefix, check_session_id, check_token_ids
+from edgespec.limits import check_draft_probs, check_prefix, check_session_id, check_token_ids
+from edgespec.sampling import SamplingParams, SparseDist, check_params, verify_sampling, warp
 from edgespec.verification import Verdict, verify_greedy
 
 REPLAY_MEMORY = 16  # verdicts remembered per session for retried / replayed windows
@@ -23,6 +26,7 @@ class TargetModel(Protocol):
     def new_state(self) -> Any: ...
     def crop(self, state: Any, length: int) -> None: ...
     def next_tokens(self, state: Any, seq: Sequence[int], last: int) -> list[int]: ...
+    def logits_rows(self, state: Any, seq: Sequence[int], last: int) -> np.ndarray: ...
     def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
 
 
@@ -44,7 +48,8 @@ class WindowResult:
 class _Session:
     committed: list[int]
     kv: Any
-    replies: OrderedDict[int, tuple[tuple[int, ...], WindowResult]] = field(default_factory=OrderedDict)
+    params: SamplingParams
+    replies: OrderedDict[int, tuple[tuple, WindowResult]] = field(default_factory=OrderedDict)
 
 
 class VerifierEngine:
@@ -61,12 +66,13 @@ class VerifierEngine:
     def committed(self, session_id: str) -> list[int]:
         return list(self._get(session_id).committed)
 
-    def open(self, session_id: str, tokens: Sequence[int]) -> float:
+    def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams()) -> float:
         """Create or replace a session; prefill its cache. Returns prefill seconds."""
         check_session_id(session_id)
         check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
+        check_params(params)
         started = time.perf_counter()
-        session = _Session(committed=list(tokens), kv=self.target.new_state())
+        session = _Session(committed=list(tokens), kv=self.target.new_state(), params=params)
         self.target.prefill(session.kv, tokens)
         self._sessions[session_id] = session
         return time.perf_counter() - started
@@ -75,27 +81,34 @@ class VerifierEngine:
         if self._sessions.pop(session_id, None) is None:
             raise NotFound(f"session {session_id!r} is not open on this verifier")
 
-    def verify(self, session_id: str, base_position: int, draft: Sequence[int]) -> WindowResult:
+    def verify(self, session_id: str, base_position: int, draft: Sequence[int],
+               q: Sequence[SparseDist] = (), params_fingerprint: int = 0) -> WindowResult:
         """Score ``draft`` in one target pass and commit n + 1 tokens.
 
+        q: the draft distributions (sampling sessions; empty = one-hot q).
         Every check happens before any state changes, so a rejected window
         leaves the session exactly as it was.
         """
         session = self._get(session_id)
-        draft = tuple(draft)
-        self._check_window(session, base_position, draft)
+        draft, q = tuple(draft), tuple(q)
+        self._check_window(session, base_position, draft, q, params_fingerprint)
         if base_position < len(session.committed):
-            return self._replay(session, base_position, draft)
+            return self._replay(session, base_position, (draft, q))
         started = time.perf_counter()
         k = len(draft)
-        # Logits after committed[-1] and after each draft token: k + 1 choices.
-        choices = self.target.next_tokens(session.kv, session.committed + list(draft), k + 1)
-        verdict = verify_greedy(draft, choices, self.eos_ids)
+        seq = session.committed + list(draft)
+        params = session.params
+        if params.greedy:
+            # Greedy choices after committed[-1] and after each draft token: k + 1.
+            verdict = verify_greedy(draft, self.target.next_tokens(session.kv, seq, k + 1), self.eos_ids)
+        else:
+            p = np.stack([warp(row, params) for row in self.target.logits_rows(session.kv, seq, k + 1)])
+            verdict = verify_sampling(draft, q or None, p, params.seed, base_position, self.eos_ids)
         session.committed.extend(verdict.committed(draft))
         # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
         self.target.crop(session.kv, len(session.committed) - 1)
         result = WindowResult(verdict, base_position, len(session.committed), time.perf_counter() - started)
-        session.replies[base_position] = (draft, result)
+        session.replies[base_position] = ((draft, q), result)
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)
         return result
@@ -106,10 +119,16 @@ class VerifierEngine:
         except KeyError:
             raise NotFound(f"session {session_id!r} is not open on this verifier; open it with its committed prefix") from None
 
-    def _check_window(self, session: _Session, base_position: int, draft: tuple[int, ...]) -> None:
+    def _check_window(self, session: _Session, base_position: int, draft: tuple[int, ...],
+                      q: tuple[SparseDist, ...], params_fingerprint: int) -> None:
         if len(draft) > self.limits.max_window:
             raise InvalidArgument("draft_tokens", f"window of {len(draft)} tokens exceeds max_window {self.limits.max_window}")
         check_token_ids("draft_tokens", draft, self.target.vocab_size)
+        expected = session.params.fingerprint()
+        if params_fingerprint != expected and (params_fingerprint != 0 or not session.params.greedy):
+            raise InvalidArgument("params_fingerprint", f"{params_fingerprint} does not match the session's sampling "
+                                  f"parameters ({expected}): drafter and verifier would warp differently")
+        check_draft_probs(q, draft, self.target.vocab_size, sampling=not session.params.greedy)
         if base_position < 0:
             raise InvalidArgument("base_position", f"must be >= 0, got {base_position}")
         committed = len(session.committed)
@@ -118,9 +137,9 @@ class VerifierEngine:
         if committed + len(draft) + 1 > self.limits.max_session_tokens:
             raise InvalidArgument("draft_tokens", f"session would exceed {self.limits.max_session_tokens} tokens")
 
-    def _replay(self, session: _Session, base_position: int, draft: tuple[int, ...]) -> WindowResult:
+    def _replay(self, session: _Session, base_position: int, window: tuple) -> WindowResult:
         """A window at an old position: the same verdict if it is a replay, else ABORTED."""
         remembered = session.replies.get(base_position)
-        if remembered is not None and remembered[0] == draft:
+        if remembered is not None and remembered[0] == window:
             return remembered[1]
         raise Aborted(f"stale window at base_position {base_position}", len(session.committed))

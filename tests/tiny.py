@@ -25,14 +25,16 @@ def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> lis
 
 
 class InProcessDrafter:
-    def __init__(self, engine: DrafterEngine):
+    def __init__(self, engine: DrafterEngine, q_ids: int = 0):
         self.engine = engine
+        self.q_ids = q_ids
 
-    async def open(self, session_id, tokens):
-        self.engine.open(session_id, tokens)
+    async def open(self, session_id, tokens, params=None):
+        self.engine.open(session_id, tokens, *([params, self.q_ids] if params else []))
 
     async def draft(self, session_id, base_position, append, k):
-        return self.engine.draft(session_id, base_position, append, k)[0]
+        proposal = self.engine.draft(session_id, base_position, append, k)
+        return proposal.tokens, proposal.q
 
     async def close(self, session_id):
         self.engine.close(session_id)
@@ -42,11 +44,11 @@ class InProcessVerifier:
     def __init__(self, engine: VerifierEngine):
         self.engine = engine
 
-    async def open(self, session_id, tokens):
-        self.engine.open(session_id, tokens)
+    async def open(self, session_id, tokens, params=None):
+        self.engine.open(session_id, tokens, *([params] if params else []))
 
-    async def verify(self, session_id, window_seq, base_position, draft) -> Verdict:
-        return self.engine.verify(session_id, base_position, draft).verdict
+    async def verify(self, session_id, window_seq, base_position, draft, q=(), params_fingerprint=0) -> Verdict:
+        return self.engine.verify(session_id, base_position, draft, q, params_fingerprint).verdict
 
     async def close(self, session_id):
         self.engine.close(session_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig
 
@@ -144,6 +145,13 @@ class TorchCausalLM:
         if last > rows.shape[0]:
             raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
         return rows[-last:].argmax(dim=-1).tolist()
+
+    def logits_rows(self, state: KVState, seq: Sequence[int], last: int) -> "np.ndarray":
+        """Logits after each of the last ``last`` positions of ``seq``: float32 [last, vocab]."""
+        rows = self.logits(state, seq)
+        if last > rows.shape[0]:
+            raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
+        return rows[-last:].cpu().numpy()
 
     def greedy_draft(self, state: KVState, committed: Sequence[int], k: int) -> list[int]:
         """Propose k tokens greedily after ``committed`` (k forward calls).

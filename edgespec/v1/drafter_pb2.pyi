@@ -1,8 +1,9 @@
+from edgespec.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -27,12 +28,16 @@ class DrafterInfoResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class DrafterOpenRequest(_message.Message):
-    __slots__ = ("session_id", "tokens")
+    __slots__ = ("session_id", "tokens", "sampling", "q_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    Q_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    sampling: _common_pb2.SamplingParams
+    q_ids: int
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., q_ids: _Optional[int] = ...) -> None: ...
 
 class DrafterOpenResponse(_message.Message):
     __slots__ = ("committed_position",)
@@ -53,12 +58,14 @@ class DraftRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("tokens", "draft_seconds")
+    __slots__ = ("tokens", "draft_seconds", "probs")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_seconds: float
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., draft_seconds: _Optional[float] = ...) -> None: ...
+    probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., draft_seconds: _Optional[float] = ..., probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
 
 class CropRequest(_message.Message):
     __slots__ = ("session_id", "position")

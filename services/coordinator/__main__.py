@@ -25,6 +25,7 @@ class CoordinatorConfig:
     max_window: int            # largest window a request may ask for, tokens
     max_new_tokens: int        # largest max_new_tokens a request may ask for, tokens
     max_prompt_tokens: int     # largest prompt after templating, tokens
+    q_ids: int                 # sampling: ids of q sent per draft token (0 = deterministic drafting)
     deadline_seconds: float    # deadline on every drafter / verifier call, seconds
     grace_seconds: float       # drain time on shutdown, seconds
 
@@ -45,11 +46,14 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")
+    parser.add_argument("--q-ids", type=int, default=int(env("EDGESPEC_COORDINATOR_Q_IDS", "16")),
+                        help="when sampling: the drafter samples from its top-Q distribution and sends those Q ids "
+                             "and weights per token; 0 = deterministic drafting, token ids only (default %(default)s)")
     parser.add_argument("--deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_DEADLINE", "60")), help="per-call deadline, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
     a = parser.parse_args(argv)
     return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.max_window,
-                             a.max_new_tokens, a.max_prompt_tokens, a.deadline, a.grace)
+                             a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.grace)
 
 
 async def main(config: CoordinatorConfig) -> None:
@@ -58,7 +62,7 @@ async def main(config: CoordinatorConfig) -> None:
     from services.coordinator.servicer import CoordinatorServicer, register
 
     tokenizer = load_tokenizer(config.tokenizer)
-    drafter = GrpcDrafter(config.drafter, config.deadline_seconds)
+    drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids)
     verifier = GrpcVerifier(config.verifier, config.deadline_seconds)
     servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
                                    config.max_new_tokens, config.max_prompt_tokens)

@@ -11,13 +11,16 @@ from typing import Sequence
 import grpc
 
 from edgespec import errors, rpc
+from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from edgespec.verification import Verdict
+from edgespec.wire import dists_from_pb, dists_to_pb, params_to_pb
 
 
 class GrpcDrafter:
-    def __init__(self, address: str, deadline_seconds: float):
+    def __init__(self, address: str, deadline_seconds: float, q_ids: int = 16):
         self.address = address
+        self.q_ids = q_ids   # sampling: ids of q per position (0 = deterministic drafting, one-hot q)
         self._deadline = deadline_seconds
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
@@ -25,13 +28,15 @@ class GrpcDrafter:
     async def info(self) -> drafter_pb2.DrafterInfoResponse:
         return await self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest())
 
-    async def open(self, session_id: str, tokens: Sequence[int]) -> None:
-        await self._call(self._stub.OpenSession, drafter_pb2.DrafterOpenRequest(session_id=session_id, tokens=tokens))
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
+        await self._call(self._stub.OpenSession, drafter_pb2.DrafterOpenRequest(
+            session_id=session_id, tokens=tokens, sampling=params_to_pb(params), q_ids=self.q_ids))
 
-    async def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> list[int]:
+    async def draft(self, session_id: str, base_position: int, append: Sequence[int],
+                    k: int) -> tuple[list[int], list[SparseDist] | None]:
         reply = await self._call(self._stub.Draft, drafter_pb2.DraftRequest(
             session_id=session_id, base_position=base_position, append=append, k=k))
-        return list(reply.tokens)
+        return list(reply.tokens), (dists_from_pb(reply.probs) or None)
 
     async def close(self, session_id: str) -> None:
         await self._call(self._stub.CloseSession, drafter_pb2.DrafterCloseRequest(session_id=session_id))
@@ -62,19 +67,21 @@ class GrpcVerifier:
         except grpc.aio.AioRpcError as error:
             raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
 
-    async def open(self, session_id: str, tokens: Sequence[int]) -> None:
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
         try:
-            await self._stub.OpenSession(verifier_pb2.OpenSessionRequest(session_id=session_id, tokens=tokens),
-                                         timeout=self._deadline)
+            await self._stub.OpenSession(verifier_pb2.OpenSessionRequest(
+                session_id=session_id, tokens=tokens, sampling=params_to_pb(params)), timeout=self._deadline)
         except grpc.aio.AioRpcError as error:
             raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
         self._streams[session_id] = self._stub.VerifyStream()
 
-    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int]) -> Verdict:
+    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int],
+                     q: Sequence[SparseDist], params_fingerprint: int) -> Verdict:
         stream = self._streams[session_id]
         try:
             await stream.write(verifier_pb2.Window(session_id=session_id, window_seq=window_seq,
-                                                   base_position=base_position, draft_tokens=draft))
+                                                   base_position=base_position, draft_tokens=draft,
+                                                   params_fingerprint=params_fingerprint, draft_probs=dists_to_pb(q)))
             reply = await asyncio.wait_for(stream.read(), self._deadline)
         except grpc.aio.AioRpcError as error:
             self._streams.pop(session_id, None)

@@ -1,8 +1,8 @@
 """gRPC servicer for the coordinator: validate, run the round loop, stream tokens."""
 from __future__ import annotations
 
-import asyncio
 import logging
+import secrets
 import time
 import uuid
 
@@ -10,11 +10,13 @@ import grpc
 
 from edgespec import rpc
 from edgespec.errors import EdgespecError, InvalidArgument
+from edgespec.sampling import check_params
 from edgespec.session import SessionLog
 from edgespec.speculation import speculate
 from edgespec.tokenizer import TextStream, Tokenizer
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
+from edgespec.wire import params_from_pb
 from services.coordinator.clients import GrpcDrafter, GrpcVerifier
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def Generate(self, request: pb.GenerateRequest, context):
         try:
             window = self._check(request)
+            params = params_from_pb(request.sampling, default_seed=secrets.randbits(63))
+            check_params(params)
             prompt = self.tokenizer.encode(request.prompt, request.chat)
             if len(prompt) > self.max_prompt_tokens:
                 raise InvalidArgument("prompt", f"{len(prompt)} tokens exceeds the limit of {self.max_prompt_tokens}")
@@ -46,14 +50,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         session = SessionLog(prompt, request.max_new_tokens, self._eos_ids)
         text = TextStream(self.tokenizer)
         started = time.perf_counter()
-        log.info("session %s: %d prompt tokens, max %d new, window %d", session_id, len(prompt),
-                 request.max_new_tokens, window)
+        log.info("session %s: %d prompt tokens, max %d new, window %d, %s", session_id, len(prompt),
+                 request.max_new_tokens, window, "greedy" if params.greedy else params)
         try:
-            # Both sides prefill the prompt at once: they are separate processes.
-            await asyncio.gather(self.verifier.open(session_id, prompt),
-                                 *([self.drafter.open(session_id, prompt)] if window > 0 else []))
+            # One after the other: prefilling both at once oversubscribes the cores
+            # (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
+            await self.verifier.open(session_id, prompt, params)
+            if window > 0:
+                await self.drafter.open(session_id, prompt, params)
             prefill = time.perf_counter() - started
-            async for tokens in speculate(session, session_id, self.drafter, self.verifier, window):
+            async for tokens in speculate(session, session_id, self.drafter, self.verifier, window, params):
                 yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=tokens, text=text.push(tokens),
                                                               generated=len(session.generated)))
         except EdgespecError as error:
@@ -75,7 +81,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             mean_accepted_length=stats.mean_accepted_length, seconds=seconds,
             tokens_per_second=len(session.generated) / seconds, draft_seconds=stats.draft_seconds,
             verify_seconds=stats.verify_seconds, finish_reason=session.finish_reason or "",
-            verifier=self.verifier.address, prefill_seconds=prefill))
+            verifier=self.verifier.address, prefill_seconds=prefill, seed=params.seed,
+            verification="greedy" if params.greedy else "lossless-sampling"))
 
     def _check(self, request: pb.GenerateRequest) -> int:
         if not request.prompt.strip():

@@ -9,6 +9,7 @@ from edgespec import rpc
 from edgespec.drafter_engine import DrafterEngine
 from edgespec.errors import EdgespecError
 from edgespec.v1 import drafter_pb2 as pb
+from edgespec.wire import dists_to_pb, params_from_pb
 from edgespec.v1 import drafter_pb2_grpc
 from edgespec.worker import ModelWorker
 
@@ -26,7 +27,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def OpenSession(self, request: pb.DrafterOpenRequest, context):
         try:
-            position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens))
+            position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
+                                                 params_from_pb(request.sampling), request.q_ids)
         except EdgespecError as error:
             await rpc.abort(context, error)
         log.info("session %s opened at position %d", request.session_id, position)
@@ -34,11 +36,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def Draft(self, request: pb.DraftRequest, context):
         try:
-            (tokens, seconds), _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
-                                                          list(request.append), request.k)
+            proposal, _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
+                                                 list(request.append), request.k)
         except EdgespecError as error:
             await rpc.abort(context, error)
-        return pb.DraftResponse(tokens=tokens, draft_seconds=seconds)
+        return pb.DraftResponse(tokens=proposal.tokens, draft_seconds=proposal.seconds, probs=dists_to_pb(proposal.q))
 
     async def Crop(self, request: pb.CropRequest, context):
         try:

@@ -8,6 +8,7 @@ import grpc
 from edgespec import rpc
 from edgespec.errors import EdgespecError
 from edgespec.v1 import verifier_pb2 as pb
+from edgespec.wire import dists_from_pb, params_from_pb
 from edgespec.v1 import verifier_pb2_grpc
 from edgespec.verifier_engine import VerifierEngine
 from edgespec.worker import ModelWorker
@@ -28,7 +29,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context):
         try:
-            seconds, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens))
+            seconds, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
+                                                params_from_pb(request.sampling))
         except EdgespecError as error:
             await rpc.abort(context, error)
         log.info("session %s opened: %d tokens prefilled in %.3fs", request.session_id, len(request.tokens), seconds)
@@ -38,7 +40,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         async for window in request_iterator:
             try:
                 result, depth = await self.worker.call(self.engine.verify, window.session_id, window.base_position,
-                                                       list(window.draft_tokens))
+                                                       list(window.draft_tokens), dists_from_pb(window.draft_probs),
+                                                       window.params_fingerprint)
             except EdgespecError as error:
                 log.info("window %d of session %s rejected: %s", window.window_seq, window.session_id, error)
                 await rpc.abort(context, error)

@@ -209,3 +209,32 @@ def test_cli_generate_streams_text_and_stats(cluster):
                           cluster.coordinator.address, "--max-new-tokens", "0"], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=60)
     assert bad.returncode == 1 and "INVALID_ARGUMENT: max_new_tokens" in bad.stderr
+
+
+def sample(address, prompt, seed=None, temperature=0.9, top_k=0, top_p=1.0, window=3, max_new=24):
+    async def go():
+        tokens, stats = [], None
+        async for event in generate(address, prompt, max_new, window, chat=False, timeout_seconds=120,
+                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed):
+            if event.HasField("chunk"):
+                tokens.extend(event.chunk.token_ids)
+            else:
+                stats = event.stats
+        return tokens, stats
+    return asyncio.run(go())
+
+
+def test_sampling_over_grpc_is_reproducible_by_seed(cluster):
+    tokens, stats = sample(cluster.coordinator.address, "def add(a, b):", seed=99)
+    assert stats.verification == "lossless-sampling" and stats.seed == 99
+    assert sample(cluster.coordinator.address, "def add(a, b):", seed=99)[0] == tokens
+    free, free_stats = sample(cluster.coordinator.address, "def add(a, b):")      # coordinator picks a seed
+    assert sample(cluster.coordinator.address, "def add(a, b):", seed=free_stats.seed)[0] == free
+    assert any(sample(cluster.coordinator.address, "def add(a, b):", seed=s)[0] != tokens for s in range(3))
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=1.5), dict(top_k=-1)])
+def test_bad_sampling_parameters_are_invalid_argument(cluster, kwargs):
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        sample(cluster.coordinator.address, "hi", seed=1, **{"temperature": 0.7, **kwargs})
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT

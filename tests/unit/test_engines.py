@@ -77,7 +77,7 @@ def test_rollback_arithmetic_target_crops_k_minus_n_drafter_crops_k_minus_1_minu
     for _ in range(40):
         target.drops.clear()
         draft.drops.clear()
-        proposal, _ = drafter.draft("s", base, append, k)
+        proposal = drafter.draft("s", base, append, k).tokens
         # Drafter crop happens lazily at the start of this draft, for the previous round.
         assert len(drafter._sessions["s"].kv.tokens) == base + k - 1   # the last draft token is never fed
         result = verifier.verify("s", base, proposal)
@@ -88,7 +88,7 @@ def test_rollback_arithmetic_target_crops_k_minus_n_drafter_crops_k_minus_1_minu
         # Next round's drafter sync: it keeps committed[:base + min(n, k-1)], i.e. drops (k-1)-n.
         target.drops.clear()
         draft.drops.clear()
-        next_proposal, _ = drafter.draft("s", base + n + 1, committed, 1)
+        drafter.draft("s", base + n + 1, committed, 1)
         expected = (k - 1) - n
         assert draft.drops[:1] == ([expected] if expected > 0 else []), (n, draft.drops)
         seen.add(n)

@@ -30,7 +30,7 @@ def emitted_first_tokens(p, q_rows, verify=verify_sampling, n=N, sparse=True):
     counts = np.zeros((k + 1, vocab), dtype=np.int64)
     q_sparse = [SparseDist.from_dense(row) for row in q_rows]
     for seed in range(n):
-        draft = [sample(row, uniform(seed, i, DRAFT)) for i, row in enumerate(q_rows)]
+        draft = [dist.sample(uniform(seed, i, DRAFT)) for i, dist in enumerate(q_sparse)]
         verdict = verify(draft, q_sparse if sparse else None, p, seed, 0)
         for i, token in enumerate(verdict.committed(draft)):
             counts[i, token] += 1
@@ -44,8 +44,8 @@ Q_CASES = {
     "q_disjoint_support": [np.array([0.0, 0.0, 0.0, 0.0, 0.5, 0.5]), np.array([1.0, 0, 0, 0, 0, 0])],
     "q_overlapping_with_zeros": [np.array([0.1, 0.6, 0.0, 0.3, 0.0, 0.0]), np.array([0.0, 0.1, 0.1, 0.4, 0.4, 0.0])],
     "q_equals_p": [P[0].copy(), P[1].copy()],
-    "q_topk_truncated": [np.array(truncate_to_sparse(np.array([.3, .25, .2, .15, .07, .03]), 2).dense(6)),
-                         np.array(truncate_to_sparse(np.array([.05, .4, .3, .1, .1, .05]), 3).dense(6))],
+    "q_topk_truncated": [truncate_to_sparse(np.array([.3, .25, .2, .15, .07, .03]), 2).dense(6),
+                         truncate_to_sparse(np.array([.05, .4, .3, .1, .1, .05]), 3).dense(6)],
 }
 
 
@@ -93,6 +93,14 @@ def test_never_accepts_p_zero_or_q_zero():
         assert verify_sampling([0], [SparseDist((0,), (1.0,))], p, seed, 0) == Verdict(0, 1)   # p(x) = 0
         # q(x) = 0: a token the drafter could not have sampled is never accepted.
         assert verify_sampling([1], [SparseDist((0,), (1.0,))], np.array([[0.5, 0.5], [0.5, 0.5]]), seed, 0).accepted == 0
+
+
+def test_truncate_to_sparse_keeps_top_ids_as_float32_weights():
+    dist = truncate_to_sparse(np.array([0.1, 0.5, 0.0, 0.3, 0.1]), 2)
+    assert dist.ids == (1, 3)
+    assert all(np.float32(w) == w for w in dist.weights)
+    assert dist.prob(1) == pytest.approx(0.625) and dist.prob(0) == 0.0
+    assert truncate_to_sparse(np.array([0.1, 0.5, 0.0, 0.4]), 0).ids == (1, 3, 0)
 
 
 def test_same_seed_same_verdict_replay():

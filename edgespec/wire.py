@@ -1,0 +1,30 @@
+"""Protobuf <-> core conversions shared by the servicers and the coordinator's clients.
+
+Protobuf types stop here: everything past this module sees core dataclasses.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from edgespec.sampling import SamplingParams, SparseDist
+from edgespec.v1 import common_pb2
+
+
+def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> SamplingParams:
+    """top_p 0 (unset) means 1.0; an absent seed takes ``default_seed``."""
+    return SamplingParams(temperature=float(msg.temperature), top_k=int(msg.top_k),
+                          top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
+                          seed=int(msg.seed) if msg.HasField("seed") else default_seed)
+
+
+def params_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                     seed=params.seed)
+
+
+def dists_from_pb(msgs: Iterable[common_pb2.SparseDistribution]) -> list[SparseDist]:
+    return [SparseDist(tuple(m.ids), tuple(m.weights)) for m in msgs]
+
+
+def dists_to_pb(dists: Sequence[SparseDist] | None) -> list[common_pb2.SparseDistribution]:
+    return [common_pb2.SparseDistribution(ids=d.ids, weights=d.weights) for d in dists or ()]
