@@ -13,6 +13,7 @@ from typing import AsyncIterator, Protocol, Sequence
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.session import SessionLog
 from edgespec.verification import Verdict
+from edgespec.window import WindowPolicy
 
 
 class DrafterPort(Protocol):
@@ -30,17 +31,17 @@ class VerifierPort(Protocol):
 
 
 async def speculate(log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                    window: int, params: SamplingParams = SamplingParams()) -> AsyncIterator[list[int]]:
-    """Run rounds with a fixed window until EOS or the budget; yield each round's tokens.
+                    policy: WindowPolicy, params: SamplingParams = SamplingParams()) -> AsyncIterator[list[int]]:
+    """Run rounds until EOS or the budget; yield each round's committed tokens.
 
-    ``window`` = 0 runs target-only decoding (one target step per round, no drafter).
+    The policy picks each round's window; k = 0 is a target-only step (no drafter).
     The caller opens the sessions on both sides (with ``params``) and closes them.
     """
     fingerprint = params.fingerprint()
     drafter_synced = log.position   # committed tokens the drafter has seen
     window_seq = 0
     while log.finish_reason is None:
-        k = log.clamp_window(window)
+        k = log.clamp_window(policy.choose())
         base = log.position
         draft: list[int] = []
         q: list[SparseDist] | None = None

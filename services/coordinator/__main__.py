@@ -21,13 +21,23 @@ class CoordinatorConfig:
     drafter: str               # drafter address host:port
     verifier: str              # verifier address host:port
     tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
-    window: int                # default draft window k, tokens (0 = target-only)
+    window: int                # default draft window k, tokens (0 = target-only, -1 = adaptive goodput policy)
+    auto_max_window: int       # largest window the adaptive policy considers, tokens
     max_window: int            # largest window a request may ask for, tokens
     max_new_tokens: int        # largest max_new_tokens a request may ask for, tokens
     max_prompt_tokens: int     # largest prompt after templating, tokens
     q_ids: int                 # sampling: ids of q sent per draft token (0 = deterministic drafting)
     deadline_seconds: float    # deadline on every drafter / verifier call, seconds
     grace_seconds: float       # drain time on shutdown, seconds
+
+
+def window_arg(text: str) -> int:
+    if text == "auto":
+        return -1
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("window must be 'auto' or >= 0")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
@@ -42,7 +52,11 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"), help="verifier address (default %(default)s)")
     parser.add_argument("--tokenizer", default=env("EDGESPEC_COORDINATOR_TOKENIZER", "draft"),
                         help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models) or a directory")
-    parser.add_argument("--window", type=int, default=int(env("EDGESPEC_COORDINATOR_WINDOW", "2")), help="default draft window, tokens; 0 = target-only (default %(default)s)")
+    parser.add_argument("--window", type=window_arg, default=window_arg(env("EDGESPEC_COORDINATOR_WINDOW", "auto")),
+                        help="default draft window: 'auto' (goodput policy: the k maximising expected tokens/s from "
+                             "measured acceptance, draft and verify times), or a fixed k; 0 = target-only (default auto)")
+    parser.add_argument("--auto-max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_AUTO_MAX_WINDOW", "4")),
+                        help="largest k the auto policy considers (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")
@@ -52,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_DEADLINE", "60")), help="per-call deadline, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
     a = parser.parse_args(argv)
-    return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.max_window,
+    return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.auto_max_window, a.max_window,
                              a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.grace)
 
 
@@ -65,9 +79,10 @@ async def main(config: CoordinatorConfig) -> None:
     drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids)
     verifier = GrpcVerifier(config.verifier, config.deadline_seconds)
     servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
-                                   config.max_new_tokens, config.max_prompt_tokens)
+                                   config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer))
-    log.info("drafter %s, verifier %s, default window %d", config.drafter, config.verifier, config.window)
+    log.info("drafter %s, verifier %s, default window %s", config.drafter, config.verifier,
+             "auto" if config.window < 0 else config.window)
     await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
     await drafter.aclose()
     await verifier.aclose()

@@ -17,6 +17,7 @@ from edgespec.tokenizer import TextStream, Tokenizer
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
 from edgespec.wire import params_from_pb
+from edgespec.window import FixedWindow, GoodputWindow, WindowPolicy
 from services.coordinator.clients import GrpcDrafter, GrpcVerifier
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: GrpcVerifier,
-                 default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int):
+                 default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
+                 auto_max_window: int = 4):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.verifier = verifier
@@ -32,6 +34,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.max_window = max_window
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_tokens = max_prompt_tokens
+        self.auto_max_window = auto_max_window   # largest k the goodput policy considers
         self._eos_ids: frozenset[int] | None = None
 
     async def Generate(self, request: pb.GenerateRequest, context):
@@ -50,23 +53,25 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         session = SessionLog(prompt, request.max_new_tokens, self._eos_ids)
         text = TextStream(self.tokenizer)
         started = time.perf_counter()
-        log.info("session %s: %d prompt tokens, max %d new, window %d, %s", session_id, len(prompt),
-                 request.max_new_tokens, window, "greedy" if params.greedy else params)
+        policy = self._policy(window)
+        drafting = window != 0
+        log.info("session %s: %d prompt tokens, max %d new, window %s, %s", session_id, len(prompt),
+                 request.max_new_tokens, "auto" if window < 0 else window, "greedy" if params.greedy else params)
         try:
             # One after the other: prefilling both at once oversubscribes the cores
             # (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
             await self.verifier.open(session_id, prompt, params)
-            if window > 0:
+            if drafting:
                 await self.drafter.open(session_id, prompt, params)
             prefill = time.perf_counter() - started
-            async for tokens in speculate(session, session_id, self.drafter, self.verifier, window, params):
+            async for tokens in speculate(session, session_id, self.drafter, self.verifier, policy, params):
                 yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=tokens, text=text.push(tokens),
                                                               generated=len(session.generated)))
         except EdgespecError as error:
             log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
             await rpc.abort(context, error)
         finally:
-            await self._close(session_id, window > 0)
+            await self._close(session_id, drafting)
         tail = text.flush()
         if tail:
             yield pb.GenerateResponse(chunk=pb.TokenChunk(text=tail, generated=len(session.generated)))
@@ -85,14 +90,17 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             verification="greedy" if params.greedy else "lossless-sampling"))
 
     def _check(self, request: pb.GenerateRequest) -> int:
+        """Validate the request; return its window (-1 = adaptive)."""
         if not request.prompt.strip():
             raise InvalidArgument("prompt", "must not be empty")
         if not 1 <= request.max_new_tokens <= self.max_new_tokens_limit:
             raise InvalidArgument("max_new_tokens", f"must be in 1..{self.max_new_tokens_limit}, got {request.max_new_tokens}")
-        window = self.default_window if request.window == -1 else request.window
-        if not 0 <= window <= self.max_window:
-            raise InvalidArgument("window", f"must be -1 (default) or 0..{self.max_window}, got {request.window}")
-        return window
+        if not -1 <= request.window <= self.max_window:
+            raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{self.max_window}, got {request.window}")
+        return self.default_window if request.window == -1 else request.window
+
+    def _policy(self, window: int) -> WindowPolicy:
+        return GoodputWindow(max_k=self.auto_max_window) if window < 0 else FixedWindow(window)
 
     async def _close(self, session_id: str, drafted: bool) -> None:
         """Free both sides' session state; a failure here must not hide the generation's result."""

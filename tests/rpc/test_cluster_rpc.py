@@ -25,7 +25,7 @@ def cluster(request, tmp_path_factory):
     with LocalCluster(tmp_path_factory.mktemp("logs"),
                       verifier_args=["--model", target, "--max-window", "8", "--max-session-tokens", "512"],
                       drafter_args=["--model", draft, "--max-window", "8"],
-                      coordinator_args=["--tokenizer", "bytes", "--window", "3", "--max-window", "8",
+                      coordinator_args=["--tokenizer", "bytes", "--window", "auto", "--max-window", "8",
                                         "--max-new-tokens", "200"]) as running:
         running.target = target
         yield running
@@ -43,7 +43,7 @@ def collect(address, prompt, max_new, window):
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("window", [0, 1, 3, 8])
+@pytest.mark.parametrize("window", [0, 1, 3, 8, -1], ids=["k0", "k1", "k3", "k8", "auto"])
 def test_generate_over_grpc_equals_target_only_greedy(cluster, window):
     for prompt in PROMPTS:
         chunks, stats = collect(cluster.coordinator.address, prompt, 48, window)

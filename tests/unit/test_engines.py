@@ -11,6 +11,7 @@ from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.session import SessionLog
 from edgespec.speculation import speculate
 from edgespec.verifier_engine import VerifierEngine, VerifierLimits
+from edgespec.window import FixedWindow, GoodputWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 PROMPTS = [b"def hello():", b"The capital of France is", b"Hi!", b"x", b"for i in range(10):\n    print(i)"]
@@ -24,7 +25,8 @@ def run_speculation(target: str, draft: str, prompt: list[int], max_new: int, wi
     async def go():
         verifier.open("s", prompt)
         drafter.open("s", prompt)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), window):
+        policy = GoodputWindow(max_k=4) if window < 0 else FixedWindow(window)
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), policy):
             pass
 
     asyncio.run(go())
@@ -33,7 +35,7 @@ def run_speculation(target: str, draft: str, prompt: list[int], max_new: int, wi
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("window", [0, 1, 3, 8])
+@pytest.mark.parametrize("window", [0, 1, 3, 8, -1], ids=["k0", "k1", "k3", "k8", "goodput"])
 def test_greedy_output_identical_to_target_only(seed, window):
     target = f"tiny:{seed}"
     for i, prompt in enumerate(PROMPTS):

@@ -11,6 +11,7 @@ from edgespec.sampling import SamplingParams, SparseDist, warp
 from edgespec.session import SessionLog
 from edgespec.speculation import speculate
 from edgespec.verifier_engine import VerifierEngine
+from edgespec.window import FixedWindow
 from tests.stats import chi2_critical, chi_square_gof
 from tests.tiny import InProcessDrafter, InProcessVerifier, tiny
 
@@ -28,7 +29,7 @@ def generate(seed: int, window: int, q_ids: int, max_new: int = 3, target="tiny:
         verifier.open("s", PROMPT, params)
         drafter.open("s", PROMPT, params, q_ids)
         async for _ in speculate(log, "s", InProcessDrafter(drafter, q_ids), InProcessVerifier(verifier),
-                                 window, params):
+                                 FixedWindow(window), params):
             pass
     asyncio.run(go())
     return log

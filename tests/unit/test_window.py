@@ -1,0 +1,62 @@
+"""Window policies on recorded traces."""
+from edgespec.window import FixedWindow, GoodputWindow
+
+# Costs measured here on 2 cores (seconds): int8 draft per token, target verify by window size.
+DRAFT = 0.037
+VERIFY = {0: 0.225, 1: 0.237, 2: 0.248, 3: 0.420, 4: 0.430}
+
+
+def run(policy, acceptance, rounds=60, verify=VERIFY, draft=DRAFT):
+    """Feed a policy a trace where each drafted position is accepted while its cumulative
+    pattern says so: position j accepted iff j < floor(acceptance * k + 0.5) (deterministic)."""
+    chosen = []
+    for _ in range(rounds):
+        k = policy.choose()
+        accepted = min(k, int(acceptance * k + 0.5)) if acceptance < 1 else k
+        policy.observe(k, accepted, draft * k, verify[k])
+        chosen.append(k)
+    return chosen
+
+
+def test_fixed_window_never_moves():
+    assert set(run(FixedWindow(3), 0.2)) == {3}
+
+
+def test_goodput_settles_on_two_when_acceptance_is_high_and_four_tokens_cost_double():
+    assert run(GoodputWindow(max_k=4), 1.0)[-10:] == [2] * 10
+
+
+def test_goodput_grows_the_window_when_verifying_more_is_nearly_free():
+    flat = {k: 0.25 + 0.005 * k for k in range(5)}
+    assert run(GoodputWindow(max_k=4), 1.0, verify=flat)[-10:] == [4] * 10
+
+
+def test_goodput_chooses_target_only_when_speculation_cannot_pay():
+    # Nothing is ever accepted: drafting only costs time. One probe round per 17.
+    tail = run(GoodputWindow(max_k=4), 0.0, rounds=100)[-34:]
+    assert tail.count(0) == 32 and tail.count(1) == 2
+
+
+def test_goodput_reacts_to_an_acceptance_drop():
+    policy = GoodputWindow(max_k=4)
+    assert run(policy, 1.0)[-1] == 2
+    after = run(policy, 0.0, rounds=30)
+    assert after[-1] == 0 and after.index(0) < 10
+
+
+def test_goodput_drafts_longer_windows_when_the_round_trip_grows():
+    # An RTT of 300 ms on every verify makes longer windows relatively cheaper.
+    slow = {k: v + 0.3 for k, v in VERIFY.items()}
+    assert run(GoodputWindow(max_k=4), 1.0, verify=slow)[-1] == 4
+
+
+def test_expected_tokens_formula():
+    policy = GoodputWindow(max_k=3, alpha=[0.5, 0.5, 0.5])
+    assert policy.expected_tokens(0) == 1.0
+    assert policy.expected_tokens(3) == 1 + 0.5 + 0.25 + 0.125
+
+
+def test_goodput_probes_again_after_falling_back_to_target_only():
+    policy = GoodputWindow(max_k=4)
+    run(policy, 0.0, rounds=20)
+    assert run(policy, 1.0, rounds=60)[-1] == 2   # acceptance recovered and was noticed
