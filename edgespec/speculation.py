@@ -45,13 +45,17 @@ async def speculate(log: SessionLog, session_id: str, drafter: DrafterPort, veri
         base = log.position
         draft: list[int] = []
         q: list[SparseDist] | None = None
+        draft_seconds = 0.0
         if k > 0:
             started = time.perf_counter()
             draft, q = await drafter.draft(session_id, base, log.committed[drafter_synced:], k)
-            log.stats.draft_seconds += time.perf_counter() - started
+            draft_seconds = time.perf_counter() - started
             drafter_synced = base
         started = time.perf_counter()
         verdict = await verifier.verify(session_id, window_seq, base, draft, q or (), fingerprint)
-        log.stats.verify_seconds += time.perf_counter() - started
+        verify_seconds = time.perf_counter() - started
         window_seq += 1
+        log.stats.draft_seconds += draft_seconds
+        log.stats.verify_seconds += verify_seconds
+        policy.observe(k, verdict.accepted, draft_seconds, verify_seconds)
         yield log.commit(draft, verdict)

@@ -21,12 +21,13 @@ from edgespec.tools.prompts import PROMPTS
 log = logging.getLogger("edgespec.baselines")
 
 
-def timed_generate(model, prompt: list[int], max_new_tokens: int, eos: list[int], **kwargs) -> tuple[list[int], float]:
+def timed_generate(model, prompt: list[int], max_new_tokens: int, eos: list[int], do_sample_override: bool = False,
+                   **kwargs) -> tuple[list[int], float]:
     ids = torch.tensor([prompt])
     started = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **kwargs)
+                             do_sample=do_sample_override, eos_token_id=eos, pad_token_id=eos[0], **kwargs)
     return out[0, len(prompt):].tolist(), time.perf_counter() - started
 
 
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--hf-windows", default="1,2,3", help="assisted-generation windows to try")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="also time target-only sampling at this temperature (0 = skip)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0 = all)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,6 +63,14 @@ def main() -> None:
                              seconds=seconds, tokens=got))
             log.info("hf-assisted k=%d prompt %d (%s): %d tokens, %.2f tok/s, identical %s", k, index, category,
                      len(got), len(got) / seconds, got == tokens)
+        if args.temperature > 0:
+            torch.manual_seed(index)
+            got, seconds = timed_generate(target.model, prompt, args.max_new_tokens, eos, temperature=args.temperature,
+                                          top_k=0, top_p=1.0, do_sample_override=True)
+            rows.append(dict(system="target-only-sampling", category=category, prompt=index, window=0,
+                             new_tokens=len(got), seconds=seconds, tokens=got))
+            log.info("target-only sampling T=%.2f prompt %d (%s): %.2f tok/s", args.temperature, index, category,
+                     len(got) / seconds)
     with open(args.out, "w") as sink:
         json.dump(dict(eos=eos, rows=rows), sink)
 

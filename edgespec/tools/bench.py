@@ -31,10 +31,12 @@ from edgespec.tools.prompts import PROMPTS
 log = logging.getLogger("edgespec.bench")
 
 
-async def run_edgespec(address: str, prompt: str, max_new_tokens: int, window: int) -> tuple[list[int], float, object]:
+async def run_edgespec(address: str, prompt: str, max_new_tokens: int, window: int, temperature: float = 0.0,
+                       seed: int | None = None) -> tuple[list[int], float, object]:
     started = time.perf_counter()
     tokens, stats = [], None
-    async for event in generate(address, prompt, max_new_tokens, window, chat=True, timeout_seconds=900):
+    async for event in generate(address, prompt, max_new_tokens, window, chat=True, timeout_seconds=900,
+                                temperature=temperature, seed=seed):
         if event.HasField("chunk"):
             tokens.extend(event.chunk.token_ids)
         else:
@@ -54,7 +56,7 @@ def summarize(rows: list[dict]) -> dict:
             acc[2] += row.get("accepted_tokens") or 0
             acc[3] += row.get("drafted_tokens") or 0
             acc[4] += row.get("rounds") or 0
-            acc[5] += 0 if row["identical_to_target"] else 1
+            acc[5] += 1 if row["identical_to_target"] is False else 0
     out = {}
     for key, scopes in groups.items():
         out[key] = {scope: dict(tokens=a[0], seconds=round(a[1], 3), tokens_per_second=round(a[0] / a[1], 3),
@@ -72,8 +74,8 @@ def markdown(summary: dict, ratios: dict, categories: list[str]) -> str:
         a = scopes["all"]
         acc = f"{a['acceptance_rate']:.1%}" if a["acceptance_rate"] is not None else "-"
         mal = f"{a['mean_accepted_length']:.2f}" if a["mean_accepted_length"] is not None else "-"
-        lines.append(f"| {key} | " + " | ".join(cells) + f" | {a['tokens_per_second']:.2f} | {acc} | {mal} | "
-                     f"{'yes' if a['mismatches'] == 0 else str(a['mismatches']) + ' differ'} |")
+        same = "n/a (sampled)" if "sampling" in key else "yes" if a["mismatches"] == 0 else f"{a['mismatches']} differ"
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {a['tokens_per_second']:.2f} | {acc} | {mal} | {same} |")
     lines.append("")
     for name, value in ratios.items():
         lines.append(f"- **{name}**: {value}")
@@ -86,7 +88,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench-results" / "bench.json", help="JSON output path")
     parser.add_argument("--md", type=Path, default=None, help="markdown table path (default: next to --json)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default %(default)s)")
-    parser.add_argument("--windows", default="2,3", help="edgespec windows (default %(default)s)")
+    parser.add_argument("--windows", default="auto,1,2,3", help="edgespec windows; auto = goodput policy (default %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="sampling rows: target-only vs edgespec (auto window, first quantization) at this "
+                             "temperature; 0 = none (default %(default)s)")
     parser.add_argument("--hf-windows", default="1,2,3", help="HF assisted windows (default %(default)s)")
     parser.add_argument("--quantize", default="none,int8", help="drafter quantizations to run (default %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all %d)" % len(PROMPTS))
@@ -101,25 +106,39 @@ def main() -> None:
         log.info("phase 1/2: target-only and HF assisted baselines (child process)")
         subprocess.run([sys.executable, "-m", "edgespec.tools.baselines", "--out", str(baseline_path),
                         "--max-new-tokens", str(args.max_new_tokens), "--hf-windows", args.hf_windows,
-                        "--limit", str(args.limit)], cwd=REPO_ROOT, check=True)
+                        "--limit", str(args.limit), "--temperature", str(args.temperature)], cwd=REPO_ROOT, check=True)
         baseline = json.loads(baseline_path.read_text())
     reference = {r["prompt"]: r["tokens"] for r in baseline["rows"] if r["system"] == "target-only"}
     rows = []
+    names = {"target-only": "target-only (HF generate)", "target-only-sampling": f"target-only sampling T={args.temperature}"}
     for r in baseline["rows"]:
-        config = "target-only (HF generate)" if r["system"] == "target-only" else f"hf-assisted k={r['window']}"
+        config = names.get(r["system"], f"hf-assisted k={r['window']}")
+        sampled = r["system"] == "target-only-sampling"
         rows.append(dict(r, config=config, tokens_per_second=r["new_tokens"] / r["seconds"], acceptance_rate=None,
-                         mean_accepted_length=None, identical_to_target=r["tokens"] == reference[r["prompt"]]))
+                         mean_accepted_length=None,
+                         identical_to_target=None if sampled else r["tokens"] == reference[r["prompt"]]))
 
     log.info("phase 2/2: edgespec over gRPC on loopback")
     for quantize in args.quantize.split(","):
         with LocalCluster(Path(tempfile.mkdtemp(prefix="edgespec-bench-")),
                           drafter_args=["--quantize", quantize], coordinator_args=["--max-window", "16"]) as cluster:
             asyncio.run(run_edgespec(cluster.coordinator.address, "warm up", 8, 2))
+            draft_name = "fp32" if quantize == "none" else quantize
             for index, (category, text) in enumerate(prompts):
-                for window in (int(w) for w in args.windows.split(",")):
+                if args.temperature > 0 and quantize == args.quantize.split(",")[0]:
+                    tokens, seconds, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text,
+                                                                      args.max_new_tokens, -1, args.temperature, index))
+                    rows.append(dict(system="edgespec-sampling", config=f"edgespec sampling T={args.temperature} "
+                                     f"k=auto draft={draft_name}", category=category, prompt=index, window=-1,
+                                     quantize=quantize, new_tokens=len(tokens), seconds=seconds,
+                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
+                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
+                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
+                                     identical_to_target=None, tokens=tokens))
+                for window in (-1 if w == "auto" else int(w) for w in args.windows.split(",")):
                     tokens, seconds, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text,
                                                                       args.max_new_tokens, window))
-                    config = f"edgespec k={window} draft={'fp32' if quantize == 'none' else quantize}"
+                    config = f"edgespec k={'auto' if window < 0 else window} draft={draft_name}"
                     rows.append(dict(system="edgespec", config=config, category=category, prompt=index, window=window,
                                      quantize=quantize, new_tokens=len(tokens), seconds=seconds,
                                      tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
@@ -132,8 +151,9 @@ def main() -> None:
 
     summary = summarize(rows)
     target_tps = summary["target-only (HF generate)"]["all"]["tokens_per_second"]
-    exact = {k: v for k, v in summary.items() if k.startswith("edgespec") and v["all"]["mismatches"] == 0}
-    best_es = max(exact or {k: v for k, v in summary.items() if k.startswith("edgespec")},
+    greedy = {k: v for k, v in summary.items() if k.startswith("edgespec k=")}
+    exact = {k: v for k, v in greedy.items() if v["all"]["mismatches"] == 0}
+    best_es = max(exact or greedy,
                   key=lambda k: summary[k]["all"]["tokens_per_second"])
     best_hf = max((k for k in summary if k.startswith("hf-assisted")), key=lambda k: summary[k]["all"]["tokens_per_second"])
     categories = sorted({c for c, _ in prompts})
@@ -145,6 +165,11 @@ def main() -> None:
                                          / summary[best_hf]["all"]["tokens_per_second"], 3),
         "hf_assisted_vs_target": round(summary[best_hf]["all"]["tokens_per_second"] / target_tps, 3),
     }
+    sampled = [k for k in summary if k.startswith("edgespec sampling")]
+    if sampled:
+        ratios["edgespec_sampling_vs_target_sampling"] = round(
+            summary[sampled[0]]["all"]["tokens_per_second"]
+            / summary[f"target-only sampling T={args.temperature}"]["all"]["tokens_per_second"], 3)
     for category in categories:
         ratios[f"edgespec_vs_target[{category}]"] = round(
             summary[best_es][category]["tokens_per_second"] / summary["target-only (HF generate)"][category]["tokens_per_second"], 3)

@@ -195,3 +195,31 @@ def test_drafter_set_position_then_append(drafter):
     drafter.draft("s", 4, [12], 1)      # rewinds to 3 tokens, appends one
     assert drafter.committed("s") == [*b"hel", 12]
     assert drafter.crop("s", 2) == 2 and drafter.committed("s") == list(b"he")
+
+
+class RecordingPolicy(FixedWindow):
+    """A fixed window that records the telemetry the round loop hands it."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.seen = []
+
+    def observe(self, k, accepted, draft_seconds, verify_seconds):
+        self.seen.append((k, accepted, draft_seconds > 0, verify_seconds > 0))
+
+
+def test_round_loop_reports_every_round_to_the_policy():
+    verifier, drafter = VerifierEngine(tiny("tiny:3"), [TINY_EOS]), DrafterEngine(tiny("tiny:3~1"))
+    prompt = list(b"abc")
+    log = SessionLog(prompt, 30, frozenset({TINY_EOS}))
+    policy = RecordingPolicy(3)
+
+    async def go():
+        verifier.open("s", prompt)
+        drafter.open("s", prompt)
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), policy):
+            pass
+    asyncio.run(go())
+    assert len(policy.seen) == log.stats.rounds
+    assert sum(a for _, a, _, _ in policy.seen) == log.stats.accepted
+    assert all(d == (k > 0) and v for k, _, d, v in policy.seen)
