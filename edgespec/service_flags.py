@@ -1,0 +1,56 @@
+"""Flags shared by the two model services (verifier, drafter), read in one place.
+
+Every flag also reads ``<ENV_PREFIX>_<FLAG>`` from the environment, so compose
+files and Helm charts configure the services without command lines.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelServiceConfig:
+    host: str                # interface to bind
+    port: int                # TCP port (0 = any free port)
+    model: str               # "target", "draft", "tiny:SEED[~NOISE]" or a model directory
+    device: str              # "auto" (GPU if present), "cpu", "cuda", "cuda:N"
+    dtype: str               # float32 | bfloat16 | float16
+    threads: int             # torch CPU threads (0 = torch default)
+    max_window: int          # largest draft window handled, tokens
+    max_session_tokens: int  # largest committed length of a session, tokens
+    grace_seconds: float     # drain time on shutdown, seconds
+
+
+class EnvDefaults:
+    """Default values that an environment variable may override."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __call__(self, flag: str, default: str) -> str:
+        return os.environ.get(f"{self.prefix}_{flag.upper().replace('-', '_')}", default)
+
+
+def model_service_parser(prog: str, description: str, env_prefix: str, port: int, model: str, model_help: str,
+                         device: str) -> argparse.ArgumentParser:
+    env = EnvDefaults(env_prefix)
+    parser = argparse.ArgumentParser(prog=prog, description=f"{description} Every flag also reads "
+                                     f"{env_prefix}_<FLAG> (e.g. {env_prefix}_PORT).")
+    parser.add_argument("--host", default=env("host", "127.0.0.1"), help="bind address (default %(default)s)")
+    parser.add_argument("--port", type=int, default=int(env("port", str(port))), help="port, 0 = any free (default %(default)s)")
+    parser.add_argument("--model", default=env("model", model), help=f"{model_help} (default %(default)s)")
+    parser.add_argument("--device", default=env("device", device), help="auto (GPU if present) | cpu | cuda | cuda:N (default %(default)s)")
+    parser.add_argument("--dtype", default=env("dtype", "float32"), choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, default=int(env("threads", "0")), help="torch CPU threads, 0 = torch default")
+    parser.add_argument("--max-window", type=int, default=int(env("max-window", "16")), help="largest window, tokens (default %(default)s)")
+    parser.add_argument("--max-session-tokens", type=int, default=int(env("max-session-tokens", "8192")),
+                        help="largest committed length of a session, tokens (default %(default)s)")
+    parser.add_argument("--grace", type=float, default=float(env("grace", "5")), help="shutdown drain, seconds (default %(default)s)")
+    return parser
+
+
+def model_service_config(args: argparse.Namespace) -> ModelServiceConfig:
+    return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,
+                              args.max_window, args.max_session_tokens, args.grace)

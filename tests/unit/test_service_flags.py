@@ -1,0 +1,43 @@
+"""Service configuration: flags, environment overrides, --help."""
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.tools.cluster import REPO_ROOT
+from services.coordinator.__main__ import parse_args as coordinator_args
+from services.drafter.__main__ import parse_args as drafter_args
+from services.verifier.__main__ import parse_args as verifier_args
+
+
+def test_defaults():
+    v = verifier_args([])
+    assert (v.port, v.model, v.device, v.dtype, v.max_window) == (50061, "target", "auto", "float32", 16)
+    d = drafter_args([])
+    assert (d.service.port, d.service.model, d.service.device, d.quantize) == (50062, "draft", "cpu", "auto")
+    c = coordinator_args([])
+    assert (c.port, c.window, c.verifier, c.drafter) == (50051, -1, "127.0.0.1:50061", "127.0.0.1:50062")
+
+
+def test_environment_overrides_defaults_and_flags_override_environment(monkeypatch):
+    monkeypatch.setenv("EDGESPEC_VERIFIER_PORT", "6000")
+    monkeypatch.setenv("EDGESPEC_VERIFIER_MAX_SESSION_TOKENS", "1024")
+    monkeypatch.setenv("EDGESPEC_DRAFTER_QUANTIZE", "none")
+    monkeypatch.setenv("EDGESPEC_COORDINATOR_WINDOW", "3")
+    assert verifier_args([]).port == 6000 and verifier_args([]).max_session_tokens == 1024
+    assert verifier_args(["--port", "7000"]).port == 7000
+    assert drafter_args([]).quantize == "none"
+    assert coordinator_args([]).window == 3 and coordinator_args(["--window", "auto"]).window == -1
+
+
+def test_bad_flag_values_exit_with_usage():
+    with pytest.raises(SystemExit):
+        coordinator_args(["--window", "-3"])
+    with pytest.raises(SystemExit):
+        verifier_args(["--dtype", "int4"])
+
+
+@pytest.mark.parametrize("module", ["services.verifier", "services.drafter", "services.coordinator"])
+def test_help_explains_every_service(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0 and "edgespec" in out.stdout and "--port" in out.stdout
