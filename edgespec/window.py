@@ -27,6 +27,23 @@ class FixedWindow:
 
 
 @dataclass(slots=True)
+class HeuristicWindow:
+    """The classic schedule (HF assisted generation's "heuristic"): +2 after a fully
+    accepted window, -1 otherwise, within [min_k, max_k]. Never chooses k = 0."""
+    k: int = 2       # next window, tokens
+    min_k: int = 1   # smallest window, tokens
+    max_k: int = 8   # largest window, tokens
+
+    def choose(self) -> int:
+        return self.k
+
+    def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        if k == 0:          # a budget-clamped target-only step says nothing about the draft
+            return
+        self.k = min(self.max_k, self.k + 2) if accepted == k else max(self.min_k, self.k - 1)
+
+
+@dataclass(slots=True)
 class GoodputWindow:
     """Pick the k that maximises expected tokens per second (ARCHITECTURE.md §4):
 

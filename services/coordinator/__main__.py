@@ -23,6 +23,7 @@ class CoordinatorConfig:
     tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
     window: int                # default draft window k, tokens (0 = target-only, -1 = adaptive goodput policy)
     auto_max_window: int       # largest window the adaptive policy considers, tokens
+    auto_policy: str           # adaptive policy: "goodput" | "heuristic" (+2 / -1)
     max_window: int            # largest window a request may ask for, tokens
     max_new_tokens: int        # largest max_new_tokens a request may ask for, tokens
     max_prompt_tokens: int     # largest prompt after templating, tokens
@@ -57,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "measured acceptance, draft and verify times), or a fixed k; 0 = target-only (default auto)")
     parser.add_argument("--auto-max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_AUTO_MAX_WINDOW", "4")),
                         help="largest k the auto policy considers (default %(default)s)")
+    parser.add_argument("--auto-policy", default=env("EDGESPEC_COORDINATOR_AUTO_POLICY", "goodput"),
+                        choices=["goodput", "heuristic"],
+                        help="the auto window policy: goodput (expected tokens/s from measured costs) or heuristic "
+                             "(+2 after a fully accepted window, -1 otherwise) (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")
@@ -66,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_DEADLINE", "60")), help="per-call deadline, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
     a = parser.parse_args(argv)
-    return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.auto_max_window, a.max_window,
+    return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
                              a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.grace)
 
 
@@ -79,7 +84,7 @@ async def main(config: CoordinatorConfig) -> None:
     drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids)
     verifier = GrpcVerifier(config.verifier, config.deadline_seconds)
     servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
-                                   config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window)
+                                   config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window, config.auto_policy)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer))
     log.info("drafter %s, verifier %s, default window %s", config.drafter, config.verifier,
              "auto" if config.window < 0 else config.window)

@@ -17,7 +17,7 @@ from edgespec.tokenizer import TextStream, Tokenizer
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
 from edgespec.wire import params_from_pb
-from edgespec.window import FixedWindow, GoodputWindow, WindowPolicy
+from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
 from services.coordinator.clients import GrpcDrafter, GrpcVerifier
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: GrpcVerifier,
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
-                 auto_max_window: int = 4):
+                 auto_max_window: int = 4, auto_policy: str = "goodput"):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.verifier = verifier
@@ -34,7 +34,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.max_window = max_window
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_tokens = max_prompt_tokens
-        self.auto_max_window = auto_max_window   # largest k the goodput policy considers
+        self.auto_max_window = auto_max_window   # largest k the adaptive policy considers
+        self.auto_policy = auto_policy           # "goodput" | "heuristic"
         self._eos_ids: frozenset[int] | None = None
 
     async def Generate(self, request: pb.GenerateRequest, context):
@@ -100,7 +101,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         return self.default_window if request.window == -1 else request.window
 
     def _policy(self, window: int) -> WindowPolicy:
-        return GoodputWindow(max_k=self.auto_max_window) if window < 0 else FixedWindow(window)
+        if window >= 0:
+            return FixedWindow(window)
+        if self.auto_policy == "heuristic":
+            return HeuristicWindow(k=min(2, self.auto_max_window), max_k=self.auto_max_window)
+        return GoodputWindow(max_k=self.auto_max_window)
 
     async def _close(self, session_id: str, drafted: bool) -> None:
         """Free both sides' session state; a failure here must not hide the generation's result."""

@@ -238,3 +238,11 @@ def test_bad_sampling_parameters_are_invalid_argument(cluster, kwargs):
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         sample(cluster.coordinator.address, "hi", seed=1, **{"temperature": 0.7, **kwargs})
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_heuristic_policy_cluster_output_equals_target_only(tmp_path):
+    with LocalCluster(tmp_path, verifier_args=["--model", "tiny:7"], drafter_args=["--model", "tiny:7~1"],
+                      coordinator_args=["--tokenizer", "bytes", "--auto-policy", "heuristic"]) as running:
+        chunks, stats = collect(running.coordinator.address, PROMPTS[0], 48, -1)
+    assert [t for c in chunks for t in c.token_ids] == target_only_greedy("tiny:7", list(PROMPTS[0].encode()), 48)
+    assert stats.drafted_tokens > stats.rounds     # the heuristic grew the window past 1

@@ -1,5 +1,5 @@
 """Window policies on recorded traces."""
-from edgespec.window import FixedWindow, GoodputWindow
+from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow
 
 # Costs measured here on 2 cores (seconds): int8 draft per token, target verify by window size.
 DRAFT = 0.037
@@ -60,3 +60,15 @@ def test_goodput_probes_again_after_falling_back_to_target_only():
     policy = GoodputWindow(max_k=4)
     run(policy, 0.0, rounds=20)
     assert run(policy, 1.0, rounds=60)[-1] == 2   # acceptance recovered and was noticed
+
+
+def test_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
+    policy = HeuristicWindow(k=1, min_k=1, max_k=4)
+    assert run(policy, 1.0, rounds=4) == [1, 3, 4, 4]       # bounded by max_k
+    assert run(policy, 0.0, rounds=6) == [4, 3, 2, 1, 1, 1]   # bounded by min_k, never 0
+
+
+def test_heuristic_ignores_budget_clamped_target_only_steps():
+    policy = HeuristicWindow(k=3)
+    policy.observe(0, 0, 0.0, 0.2)
+    assert policy.choose() == 3
