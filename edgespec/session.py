@@ -5,7 +5,6 @@ Pure bookkeeping; the round loop (edgespec/speculation.py) feeds it verdicts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection
 
 from edgespec.verification import Verdict
 
@@ -71,10 +70,3 @@ class SessionLog:
             self.finish_reason = "length"
         return tokens
 
-
-def truncate_at_eos(tokens: list[int], eos_ids: Collection[int]) -> list[int]:
-    """Tokens up to and including the first EOS (how a target-only run stops)."""
-    for i, t in enumerate(tokens):
-        if t in eos_ids:
-            return tokens[: i + 1]
-    return tokens

@@ -139,19 +139,19 @@ class TorchCausalLM:
         if len(tokens) > 1:
             self.logits(state, tokens[:-1])
 
+    def _last_rows(self, state: KVState, seq: Sequence[int], last: int) -> torch.Tensor:
+        rows = self.logits(state, seq)
+        if last > rows.shape[0]:
+            raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
+        return rows[-last:]
+
     def next_tokens(self, state: KVState, seq: Sequence[int], last: int) -> list[int]:
         """Greedy choices after each of the last ``last`` positions of ``seq``."""
-        rows = self.logits(state, seq)
-        if last > rows.shape[0]:
-            raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
-        return rows[-last:].argmax(dim=-1).tolist()
+        return self._last_rows(state, seq, last).argmax(dim=-1).tolist()
 
-    def logits_rows(self, state: KVState, seq: Sequence[int], last: int) -> "np.ndarray":
+    def logits_rows(self, state: KVState, seq: Sequence[int], last: int) -> np.ndarray:
         """Logits after each of the last ``last`` positions of ``seq``: float32 [last, vocab]."""
-        rows = self.logits(state, seq)
-        if last > rows.shape[0]:
-            raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
-        return rows[-last:].cpu().numpy()
+        return self._last_rows(state, seq, last).cpu().numpy()
 
     def greedy_draft(self, state: KVState, committed: Sequence[int], k: int) -> list[int]:
         """Propose k tokens greedily after ``committed`` (k forward calls).

@@ -25,9 +25,6 @@ class GrpcDrafter:
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
 
-    async def info(self) -> drafter_pb2.DrafterInfoResponse:
-        return await self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest())
-
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
         await self._call(self._stub.OpenSession, drafter_pb2.DrafterOpenRequest(
             session_id=session_id, tokens=tokens, sampling=params_to_pb(params), q_ids=self.q_ids))
@@ -62,17 +59,11 @@ class GrpcVerifier:
         self._streams: dict[str, grpc.aio.StreamStreamCall] = {}
 
     async def info(self) -> verifier_pb2.InfoResponse:
-        try:
-            return await self._stub.Info(verifier_pb2.InfoRequest(), timeout=self._deadline)
-        except grpc.aio.AioRpcError as error:
-            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
+        return await self._call(self._stub.Info, verifier_pb2.InfoRequest())
 
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
-        try:
-            await self._stub.OpenSession(verifier_pb2.OpenSessionRequest(
-                session_id=session_id, tokens=tokens, sampling=params_to_pb(params)), timeout=self._deadline)
-        except grpc.aio.AioRpcError as error:
-            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
+        await self._call(self._stub.OpenSession, verifier_pb2.OpenSessionRequest(
+            session_id=session_id, tokens=tokens, sampling=params_to_pb(params)))
         self._streams[session_id] = self._stub.VerifyStream()
 
     async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int],
@@ -98,8 +89,11 @@ class GrpcVerifier:
         stream = self._streams.pop(session_id, None)
         if stream is not None:
             await stream.done_writing()
+        await self._call(self._stub.CloseSession, verifier_pb2.CloseSessionRequest(session_id=session_id))
+
+    async def _call(self, method, request):
         try:
-            await self._stub.CloseSession(verifier_pb2.CloseSessionRequest(session_id=session_id), timeout=self._deadline)
+            return await method(request, timeout=self._deadline)
         except grpc.aio.AioRpcError as error:
             raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
 

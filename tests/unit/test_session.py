@@ -1,6 +1,6 @@
 import pytest
 
-from edgespec.session import SessionLog, truncate_at_eos
+from edgespec.session import SessionLog
 from edgespec.verification import Verdict
 
 
@@ -42,7 +42,3 @@ def test_commit_rejects_impossible_verdicts():
         log.commit([5, 6, 7], Verdict(3, 1))
     assert log.generated == []
 
-
-def test_truncate_at_eos():
-    assert truncate_at_eos([4, 5, 0, 6], {0}) == [4, 5, 0]
-    assert truncate_at_eos([4, 5], {0}) == [4, 5]
