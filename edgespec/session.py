@@ -16,6 +16,9 @@ class RoundStats:
     accepted: int = 0          # draft tokens accepted
     draft_seconds: float = 0.0   # waiting on the drafter, seconds
     verify_seconds: float = 0.0  # waiting on the verifier (incl. wire), seconds
+    optimistic_windows: int = 0  # pipelining: windows drafted ahead and sent before the previous verdict
+    optimistic_hits: int = 0     # of those, the ones whose assumption held (verified, not discarded)
+    degraded: int = 0            # times no verifier was reachable and unverified drafting began
 
     @property
     def acceptance_rate(self) -> float:
@@ -34,7 +37,8 @@ class SessionLog:
     eos_ids: frozenset[int]        # tokens that end generation
     generated: list[int] = field(default_factory=list)
     stats: RoundStats = field(default_factory=RoundStats)
-    finish_reason: str | None = None   # "eos" | "length" once finished
+    finish_reason: str | None = None   # "eos" | "length" | "unverified" (degraded) once finished
+    unverified: int = 0                # degraded end: drafter tokens after `generated` no verifier checked
 
     @property
     def committed(self) -> list[int]:

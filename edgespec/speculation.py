@@ -3,17 +3,56 @@
 Transport-free: the ports are whatever the caller wires in (gRPC clients in the
 coordinator service, in-process engines in tests, modelled links in the
 simulator). Rollback needs no step of its own: the next draft call carries the
-newly committed tokens and the drafter resets to them.
+committed tokens the drafter has not seen and the drafter resets to them.
+
+Two loops share the same steps:
+- blocking: draft window w, send it, wait for its verdict, commit, repeat;
+- pipelined (ARCHITECTURE.md §2): while w is in flight, draft w+1 assuming w is
+  fully accepted and its bonus token is the drafter's next guess, and send it at
+  once as an *optimistic* window. If the verdict agrees, w+1 is already on its
+  way (often already verified); if not, the verifier discards it and we redraft.
+
+Faults: the drafter session is opened on the first draft; a drafter that
+fails is reopened with the committed prefix after a backoff, and rounds fall
+back to target-only meanwhile. Verifier faults are the
+verifier port's job (edgespec.failover re-homes the session); if it gives up,
+the loop fails the generation or, with ``on_verifier_loss="draft-only"``,
+streams unverified drafter tokens — flagged — until a verifier is back.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
+from edgespec.errors import Aborted, NotFound, Unavailable
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.session import SessionLog
 from edgespec.verification import Verdict
 from edgespec.window import WindowPolicy
+
+log = logging.getLogger(__name__)
+
+DRAFTER_BACKOFF_SECONDS = 1.0   # target-only rounds after a drafter fault before trying it again
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    seq: int                       # caller's window number, echoed in the verdict
+    base_position: int             # committed position the draft starts at
+    draft: tuple[int, ...]         # proposed tokens (empty = one target-only step)
+    q: tuple[SparseDist, ...] = () # sampling drafters: the distribution of each draft token
+    params_fingerprint: int = 0    # SamplingParams.fingerprint() the draft was made with
+    parent: int | None = None      # optimistic: the assumed token at base_position - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    tokens: list[int]              # token ids, in order
+    position: int                  # index of tokens[0] among the generated tokens
+    unverified: bool = False       # drafter output no verifier checked (degraded mode)
 
 
 class DrafterPort(Protocol):
@@ -25,37 +64,217 @@ class DrafterPort(Protocol):
 
 class VerifierPort(Protocol):
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
-    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int],
-                     q: Sequence[SparseDist], params_fingerprint: int) -> Verdict: ...
+    async def verify(self, session_id: str, window: Window) -> Verdict | None:
+        """The verdict; None when an optimistic window's assumption did not hold."""
     async def close(self, session_id: str) -> None: ...
+    def reachable(self) -> bool:
+        """Whether a verifier could be tried now (degraded mode polls this before reopening)."""
 
 
-async def speculate(log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                    policy: WindowPolicy, params: SamplingParams = SamplingParams()) -> AsyncIterator[list[int]]:
+class _Rounds:
+    """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
+
+    def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
+                 policy: WindowPolicy, params: SamplingParams):
+        self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
+        self.policy, self.params = policy, params
+        self.fingerprint = params.fingerprint()
+        self.drafter_synced = log.position   # the drafter's first drafter_synced tokens are committed ones
+        # None while the drafter holds the session; else when to (re)open it there
+        # (0 at the start: opened on the first draft, so a down drafter only costs speed).
+        self.drafter_down_until: float | None = 0.0
+        self.next_seq = 0
+
+    def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
+               parent: int | None = None) -> Window:
+        self.next_seq += 1
+        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent)
+
+    async def draft(self, k: int, speculative: Sequence[int] = ()) -> tuple[list[int], list[SparseDist] | None] | None:
+        """k tokens after the committed prefix + ``speculative``; None if the drafter is down."""
+        if not await self._drafter_ready():
+            return None
+        log_ = self.log
+        append = log_.committed[self.drafter_synced:] + list(speculative)
+        try:
+            result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
+        except (Unavailable, NotFound, Aborted) as error:
+            log.warning("session %s: drafter fault (%s); target-only rounds for %.1fs",
+                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
+            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+            return None
+        self.drafter_synced = log_.position
+        return result
+
+    async def _drafter_ready(self) -> bool:
+        if self.drafter_down_until is None:
+            return True
+        if time.monotonic() < self.drafter_down_until:
+            return False
+        try:
+            await self.drafter.open(self.session_id, self.log.committed, self.params)
+        except (Unavailable, NotFound, Aborted) as error:
+            log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
+                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
+            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+            return False
+        log.info("session %s: drafter opened at position %d", self.session_id, self.log.position)
+        self.drafter_down_until = None
+        self.drafter_synced = self.log.position
+        return True
+
+    def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_seconds: float) -> Chunk:
+        log_ = self.log
+        position = len(log_.generated)
+        log_.stats.draft_seconds += draft_seconds
+        log_.stats.verify_seconds += verify_seconds
+        self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
+        return Chunk(log_.commit(list(window.draft), verdict), position)
+
+    async def degraded(self) -> AsyncIterator[Chunk]:
+        """No verifier: stream drafter tokens flagged unverified until one is back or the budget ends."""
+        log_ = self.log
+        provisional: list[int] = []
+        while len(log_.generated) + len(provisional) < log_.max_new_tokens:
+            if await self._verifier_back():
+                return
+            k = min(4, log_.max_new_tokens - len(log_.generated) - len(provisional))
+            drafted = await self.draft(k, provisional)
+            if drafted is None:
+                raise Unavailable("no verifier reachable and the drafter is down")
+            tokens = drafted[0]
+            if any(t in log_.eos_ids for t in tokens):
+                tokens = tokens[:next(i for i, t in enumerate(tokens) if t in log_.eos_ids) + 1]
+            yield Chunk(tokens, len(log_.generated) + len(provisional), unverified=True)
+            provisional += tokens
+            if tokens[-1] in log_.eos_ids:
+                break
+        log_.unverified = len(provisional)
+        log_.finish_reason = "unverified"
+
+    async def _verifier_back(self) -> bool:
+        if not self.verifier.reachable():
+            return False
+        try:
+            await self.verifier.open(self.session_id, self.log.committed, self.params)
+        except Unavailable:
+            return False
+        log.info("session %s: a verifier is back; verified output resumes at position %d",
+                 self.session_id, self.log.position)
+        return True
+
+
+async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
+                    policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
+                    on_verifier_loss: str = "fail") -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
-    The caller opens the sessions on both sides (with ``params``) and closes them.
+    The caller opens the verifier session (with ``params``); the drafter session
+    is opened on the first draft. The caller closes both.
+    on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc).
     """
-    fingerprint = params.fingerprint()
-    drafter_synced = log.position   # committed tokens the drafter has seen
-    window_seq = 0
-    while log.finish_reason is None:
-        k = log.clamp_window(policy.choose())
-        base = log.position
-        draft: list[int] = []
-        q: list[SparseDist] | None = None
-        draft_seconds = 0.0
-        if k > 0:
-            started = time.perf_counter()
-            draft, q = await drafter.draft(session_id, base, log.committed[drafter_synced:], k)
-            draft_seconds = time.perf_counter() - started
-            drafter_synced = base
+    rounds = _Rounds(log_, session_id, drafter, verifier, policy, params)
+    loop = _pipelined if pipeline else _blocking
+    while log_.finish_reason is None:
+        try:
+            async for chunk in loop(rounds):
+                yield chunk
+        except Unavailable as error:   # the verifier port gave up (drafter faults never get here)
+            if on_verifier_loss != "draft-only":
+                raise
+            log.warning("session %s: %s; streaming unverified drafter tokens", session_id, error)
+            log_.stats.degraded += 1
+            async for chunk in rounds.degraded():
+                yield chunk
+
+
+async def _blocking(rounds: _Rounds) -> AsyncIterator[Chunk]:
+    log_ = rounds.log
+    while log_.finish_reason is None:
+        k = log_.clamp_window(rounds.policy.choose())
+        window, draft_seconds = await _draft_window(rounds, k)
         started = time.perf_counter()
-        verdict = await verifier.verify(session_id, window_seq, base, draft, q or (), fingerprint)
-        verify_seconds = time.perf_counter() - started
-        window_seq += 1
-        log.stats.draft_seconds += draft_seconds
-        log.stats.verify_seconds += verify_seconds
-        policy.observe(k, verdict.accepted, draft_seconds, verify_seconds)
-        yield log.commit(draft, verdict)
+        verdict = await rounds.verifier.verify(rounds.session_id, window)
+        yield rounds.commit(window, verdict, draft_seconds, time.perf_counter() - started)
+
+
+async def _draft_window(rounds: _Rounds, k: int) -> tuple[Window, float]:
+    started = time.perf_counter()
+    drafted = await rounds.draft(k) if k > 0 else None
+    draft, q = drafted if drafted is not None else ([], None)
+    return rounds.window(rounds.log.position, draft, q), (time.perf_counter() - started) if draft else 0.0
+
+
+@dataclass(slots=True)
+class _InFlight:
+    window: Window
+    verdict: asyncio.Task          # resolves to Verdict | None
+    sent: float                    # perf_counter when sent
+    draft_seconds: float
+
+
+async def _pipelined(rounds: _Rounds) -> AsyncIterator[Chunk]:
+    log_ = rounds.log
+    verifier, session_id = rounds.verifier, rounds.session_id
+    ahead: _InFlight | None = None   # an optimistic window whose assumption held so far
+    follow: _InFlight | None = None  # the optimistic window drafted during the current one
+    stats = log_.stats
+    try:
+        while log_.finish_reason is None:
+            if ahead is None:
+                window, draft_seconds = await _draft_window(rounds, log_.clamp_window(rounds.policy.choose()))
+                current = _InFlight(window, asyncio.ensure_future(verifier.verify(session_id, window)),
+                                    time.perf_counter(), draft_seconds)
+            else:
+                current, ahead = ahead, None
+            follow = await _draft_ahead(rounds, current.window)
+            verdict = await current.verdict
+            verify_seconds = time.perf_counter() - current.sent
+            if verdict is None:       # an optimistic window that lost its assumption (e.g. after a failover)
+                if follow is not None:
+                    _forget(follow.verdict)
+                continue
+            yield rounds.commit(current.window, verdict, current.draft_seconds, verify_seconds)
+            if follow is None:
+                continue
+            stats.optimistic_windows += 1
+            if verdict.accepted == len(current.window.draft) and verdict.next_token == follow.window.parent:
+                stats.optimistic_hits += 1
+                ahead = follow
+            else:
+                _forget(follow.verdict)
+            follow = None
+    finally:
+        for pending in (ahead, follow):
+            if pending is not None:
+                _forget(pending.verdict)
+
+
+async def _draft_ahead(rounds: _Rounds, window: Window) -> _InFlight | None:
+    """Draft and send window w+1 assuming ``window`` is fully accepted; None when that cannot help."""
+    log_ = rounds.log
+    k = len(window.draft)
+    after_full = log_.remaining - (k + 1)           # budget left if the window is fully accepted
+    if k == 0 or window.base_position != log_.position or any(t in log_.eos_ids for t in window.draft):
+        return None
+    k_next = min(rounds.policy.choose(), after_full - 1)
+    if k_next < 1:
+        return None
+    started = time.perf_counter()
+    drafted = await rounds.draft(k_next + 1, window.draft)   # the bonus guess, then window w+1
+    if drafted is None:
+        return None
+    tokens, q = drafted
+    if tokens[0] in log_.eos_ids:
+        return None
+    follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])
+    return _InFlight(follow, asyncio.ensure_future(rounds.verifier.verify(rounds.session_id, follow)),
+                     time.perf_counter(), time.perf_counter() - started)
+
+
+def _forget(task: asyncio.Task) -> None:
+    """Drop a verify call whose outcome no longer matters (a missed optimistic window:
+    the verifier discards it anyway). Cancelling also stops any recovery it began."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())

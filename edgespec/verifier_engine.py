@@ -38,7 +38,7 @@ class VerifierLimits:
 
 @dataclass(frozen=True, slots=True)
 class WindowResult:
-    verdict: Verdict
+    verdict: Verdict | None  # None: an optimistic window whose assumption did not hold (discarded)
     base_position: int     # where the window started
     committed_position: int  # base_position + n + 1
     verify_seconds: float  # target forward + verification, seconds
@@ -82,18 +82,26 @@ class VerifierEngine:
             raise NotFound(f"session {session_id!r} is not open on this verifier")
 
     def verify(self, session_id: str, base_position: int, draft: Sequence[int],
-               q: Sequence[SparseDist] = (), params_fingerprint: int = 0) -> WindowResult:
+               q: Sequence[SparseDist] = (), params_fingerprint: int = 0,
+               parent: int | None = None) -> WindowResult:
         """Score ``draft`` in one target pass and commit n + 1 tokens.
 
         q: the draft distributions (sampling sessions; empty = one-hot q).
+        parent: set for an optimistic window (pipelining): verify only if the
+        committed tokens are exactly base_position long and end in ``parent``,
+        else discard it (verdict None) — unless it replays an earlier window.
         Every check happens before any state changes, so a rejected window
         leaves the session exactly as it was.
         """
         session = self._get(session_id)
         draft, q = tuple(draft), tuple(q)
-        self._check_window(session, base_position, draft, q, params_fingerprint)
-        if base_position < len(session.committed):
-            return self._replay(session, base_position, (draft, q))
+        self._check_window(session, base_position, draft, q, params_fingerprint, optimistic=parent is not None)
+        committed = len(session.committed)
+        if parent is not None and (base_position > committed or (
+                base_position == committed and session.committed[-1] != parent)):
+            return WindowResult(None, base_position, committed, 0.0)
+        if base_position < committed:
+            return self._replay(session, base_position, (draft, q), optimistic=parent is not None)
         started = time.perf_counter()
         k = len(draft)
         seq = session.committed + list(draft)
@@ -120,7 +128,7 @@ class VerifierEngine:
             raise NotFound(f"session {session_id!r} is not open on this verifier; open it with its committed prefix") from None
 
     def _check_window(self, session: _Session, base_position: int, draft: tuple[int, ...],
-                      q: tuple[SparseDist, ...], params_fingerprint: int) -> None:
+                      q: tuple[SparseDist, ...], params_fingerprint: int, optimistic: bool) -> None:
         if len(draft) > self.limits.max_window:
             raise InvalidArgument("draft_tokens", f"window of {len(draft)} tokens exceeds max_window {self.limits.max_window}")
         check_token_ids("draft_tokens", draft, self.target.vocab_size)
@@ -132,14 +140,17 @@ class VerifierEngine:
         if base_position < 0:
             raise InvalidArgument("base_position", f"must be >= 0, got {base_position}")
         committed = len(session.committed)
-        if base_position > committed:
+        if base_position > committed and not optimistic:
             raise InvalidArgument("base_position", f"{base_position} is past the committed position {committed}")
-        if committed + len(draft) + 1 > self.limits.max_session_tokens:
+        if max(base_position, committed) + len(draft) + 1 > self.limits.max_session_tokens:
             raise InvalidArgument("draft_tokens", f"session would exceed {self.limits.max_session_tokens} tokens")
 
-    def _replay(self, session: _Session, base_position: int, window: tuple) -> WindowResult:
-        """A window at an old position: the same verdict if it is a replay, else ABORTED."""
+    def _replay(self, session: _Session, base_position: int, window: tuple, optimistic: bool) -> WindowResult:
+        """A window at an old position: the same verdict if it is a replay, else
+        discarded (optimistic) or ABORTED."""
         remembered = session.replies.get(base_position)
         if remembered is not None and remembered[0] == window:
             return remembered[1]
+        if optimistic:
+            return WindowResult(None, base_position, len(session.committed), 0.0)
         raise Aborted(f"stale window at base_position {base_position}", len(session.committed))

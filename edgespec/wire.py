@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from edgespec.sampling import SamplingParams, SparseDist
-from edgespec.v1 import common_pb2
+from edgespec.speculation import Window
+from edgespec.v1 import common_pb2, verifier_pb2
 
 
 def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> SamplingParams:
@@ -28,3 +29,10 @@ def dists_from_pb(msgs: Iterable[common_pb2.SparseDistribution]) -> list[SparseD
 
 def dists_to_pb(dists: Sequence[SparseDist] | None) -> list[common_pb2.SparseDistribution]:
     return [common_pb2.SparseDistribution(ids=d.ids, weights=d.weights) for d in dists or ()]
+
+
+def window_to_pb(session_id: str, window: Window) -> verifier_pb2.Window:
+    return verifier_pb2.Window(
+        session_id=session_id, window_seq=window.seq, base_position=window.base_position,
+        draft_tokens=window.draft, params_fingerprint=window.params_fingerprint, draft_probs=dists_to_pb(window.q),
+        optimistic=window.parent is not None, parent_token=window.parent or 0)

@@ -1,12 +1,14 @@
 """Helpers for tests on tiny random-weight models: references and in-process ports."""
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import torch
 
 from edgespec.backends.registry import TINY_EOS, load_lm
 from edgespec.drafter_engine import DrafterEngine
+from edgespec.speculation import Window
 from edgespec.verification import Verdict
 from edgespec.verifier_engine import VerifierEngine
 
@@ -41,14 +43,28 @@ class InProcessDrafter:
 
 
 class InProcessVerifier:
-    def __init__(self, engine: VerifierEngine):
+    """A verifier engine as the round loop's port (and as a failover endpoint)."""
+
+    def __init__(self, engine: VerifierEngine, address: str = "in-process"):
         self.engine = engine
+        self.address = address
 
     async def open(self, session_id, tokens, params=None):
         self.engine.open(session_id, tokens, *([params] if params else []))
 
-    async def verify(self, session_id, window_seq, base_position, draft, q=(), params_fingerprint=0) -> Verdict:
-        return self.engine.verify(session_id, base_position, draft, q, params_fingerprint).verdict
+    async def verify(self, session_id, window: Window) -> Verdict | None:
+        await asyncio.sleep(0)   # a real port yields to the event loop; pipelining relies on it
+        return self.engine.verify(session_id, window.base_position, window.draft, window.q,
+                                  window.params_fingerprint, window.parent).verdict
 
     async def close(self, session_id):
         self.engine.close(session_id)
+
+    async def discard(self, session_id):
+        self.engine.close(session_id)
+
+    def forget(self, session_id):
+        pass
+
+    def reachable(self) -> bool:
+        return True

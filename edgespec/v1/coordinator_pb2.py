@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edgespec.v1 import common_pb2 as edgespec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x64gespec/v1/coordinator.proto\x12\x0b\x65\x64gespec.v1\x1a\x18\x65\x64gespec/v1/common.proto\"\x86\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.edgespec.v1.SamplingParams\"t\n\x10GenerateResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x17.edgespec.v1.TokenChunkH\x00\x12-\n\x05stats\x18\x02 \x01(\x0b\x32\x1c.edgespec.v1.GenerationStatsH\x00\x42\x07\n\x05\x65vent\"@\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\tgenerated\x18\x03 \x01(\x05\"\xf5\x02\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x12\n\nnew_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x01\x12\x1c\n\x14mean_accepted_length\x18\x07 \x01(\x01\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\t \x01(\x01\x12\x15\n\rdraft_seconds\x18\n \x01(\x01\x12\x16\n\x0everify_seconds\x18\x0b \x01(\x01\x12\x15\n\rfinish_reason\x18\x0c \x01(\t\x12\x10\n\x08verifier\x18\r \x01(\t\x12\x17\n\x0fprefill_seconds\x18\x0e \x01(\x01\x12\x0c\n\x04seed\x18\x0f \x01(\x04\x12\x14\n\x0cverification\x18\x10 \x01(\t2X\n\x0b\x43oordinator\x12I\n\x08Generate\x12\x1c.edgespec.v1.GenerateRequest\x1a\x1d.edgespec.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x64gespec/v1/coordinator.proto\x12\x0b\x65\x64gespec.v1\x1a\x18\x65\x64gespec/v1/common.proto\"\xa0\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.edgespec.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x06 \x03(\x05\"t\n\x10GenerateResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x17.edgespec.v1.TokenChunkH\x00\x12-\n\x05stats\x18\x02 \x01(\x0b\x32\x1c.edgespec.v1.GenerationStatsH\x00\x42\x07\n\x05\x65vent\"f\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\tgenerated\x18\x03 \x01(\x05\x12\x10\n\x08position\x18\x04 \x01(\x05\x12\x12\n\nunverified\x18\x05 \x01(\x08\"\x85\x04\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x12\n\nnew_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x01\x12\x1c\n\x14mean_accepted_length\x18\x07 \x01(\x01\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\t \x01(\x01\x12\x15\n\rdraft_seconds\x18\n \x01(\x01\x12\x16\n\x0everify_seconds\x18\x0b \x01(\x01\x12\x15\n\rfinish_reason\x18\x0c \x01(\t\x12\x10\n\x08verifier\x18\r \x01(\t\x12\x17\n\x0fprefill_seconds\x18\x0e \x01(\x01\x12\x0c\n\x04seed\x18\x0f \x01(\x04\x12\x14\n\x0cverification\x18\x10 \x01(\t\x12\x11\n\tfailovers\x18\x11 \x01(\x05\x12\x18\n\x10recovery_seconds\x18\x12 \x01(\x01\x12\x19\n\x11unverified_tokens\x18\x13 \x01(\x05\x12\x11\n\tpipelined\x18\x14 \x01(\x08\x12\x1a\n\x12optimistic_windows\x18\x15 \x01(\x05\x12\x17\n\x0foptimistic_hits\x18\x16 \x01(\x05\x32X\n\x0b\x43oordinator\x12I\n\x08Generate\x12\x1c.edgespec.v1.GenerateRequest\x1a\x1d.edgespec.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgespec.v1.coordinator_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=73
-  _globals['_GENERATEREQUEST']._serialized_end=207
-  _globals['_GENERATERESPONSE']._serialized_start=209
-  _globals['_GENERATERESPONSE']._serialized_end=325
-  _globals['_TOKENCHUNK']._serialized_start=327
-  _globals['_TOKENCHUNK']._serialized_end=391
-  _globals['_GENERATIONSTATS']._serialized_start=394
-  _globals['_GENERATIONSTATS']._serialized_end=767
-  _globals['_COORDINATOR']._serialized_start=769
-  _globals['_COORDINATOR']._serialized_end=857
+  _globals['_GENERATEREQUEST']._serialized_end=233
+  _globals['_GENERATERESPONSE']._serialized_start=235
+  _globals['_GENERATERESPONSE']._serialized_end=351
+  _globals['_TOKENCHUNK']._serialized_start=353
+  _globals['_TOKENCHUNK']._serialized_end=455
+  _globals['_GENERATIONSTATS']._serialized_start=458
+  _globals['_GENERATIONSTATS']._serialized_end=975
+  _globals['_COORDINATOR']._serialized_start=977
+  _globals['_COORDINATOR']._serialized_end=1065
 # @@protoc_insertion_point(module_scope)

@@ -47,6 +47,10 @@ class CoordinatorServicer:
     def Generate(self, request, context):
         """Streams GenerateResponse.chunk messages (committed tokens, in order, each
         exactly once) and ends with one GenerateResponse.stats message.
+        When no verifier is reachable and the coordinator runs with
+        --on-verifier-loss draft-only, it streams drafter tokens as chunks with
+        unverified = true; a later verified chunk at `position` replaces every
+        unverified token from that position on.
         Errors: INVALID_ARGUMENT (empty prompt, max_new_tokens <= 0 or above the
         limit, window above the limit), UNAVAILABLE (no drafter or verifier).
         """

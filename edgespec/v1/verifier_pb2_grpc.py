@@ -78,6 +78,10 @@ class VerifierServicer:
 
     def VerifyStream(self, request_iterator, context):
         """Bidirectional stream: each Window gets exactly one Verdict, in order.
+        An optimistic window (pipelining: drafted before the previous verdict
+        arrived, assuming it accepts everything) is verified only if the session's
+        committed state is exactly base_position tokens ending in parent_token;
+        otherwise its verdict says discarded and nothing changes.
         A bad window ends the stream with a status and changes nothing:
         NOT_FOUND (unknown session), INVALID_ARGUMENT (window too long, ids outside
         the vocabulary, negative or future base_position), ABORTED (stale

@@ -1,6 +1,6 @@
 """Coordinator service: drives draft -> verify -> commit rounds for each Generate call.
 
-    python -m services.coordinator --drafter 127.0.0.1:50062 --verifier 127.0.0.1:50061
+    python -m services.coordinator --drafter 127.0.0.1:50062 --verifier 127.0.0.1:50061,127.0.0.1:50063
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class CoordinatorConfig:
     host: str                  # interface to bind
     port: int                  # TCP port (0 = any free port)
     drafter: str               # drafter address host:port
-    verifier: str              # verifier address host:port
+    verifiers: tuple[str, ...] # verifier pool, host:port each
     tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
     window: int                # default draft window k, tokens (0 = target-only, -1 = adaptive goodput policy)
     auto_max_window: int       # largest window the adaptive policy considers, tokens
@@ -29,6 +29,11 @@ class CoordinatorConfig:
     max_prompt_tokens: int     # largest prompt after templating, tokens
     q_ids: int                 # sampling: ids of q sent per draft token (0 = deterministic drafting)
     deadline_seconds: float    # deadline on every drafter / verifier call, seconds
+    pipeline: bool             # draft ahead and send optimistic windows while a window is in flight
+    on_verifier_loss: str      # "fail" | "draft-only": what to do when no verifier is reachable
+    failover_deadline_seconds: float  # how long to look for a verifier before on_verifier_loss applies
+    ban_seconds: float         # first ban of a failed verifier; doubles per consecutive failure
+    max_ban_seconds: float     # ban cap
     grace_seconds: float       # drain time on shutdown, seconds
 
 
@@ -50,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--host", default=env("EDGESPEC_COORDINATOR_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
     parser.add_argument("--port", type=int, default=int(env("EDGESPEC_COORDINATOR_PORT", "50051")), help="port, 0 = any free (default %(default)s)")
     parser.add_argument("--drafter", default=env("EDGESPEC_COORDINATOR_DRAFTER", "127.0.0.1:50062"), help="drafter address (default %(default)s)")
-    parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"), help="verifier address (default %(default)s)")
+    parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"),
+                        help="verifier pool: comma-separated host:port list. Each session lives on one verifier and "
+                             "is re-opened on another (with its committed prefix) if that one fails (default %(default)s)")
     parser.add_argument("--tokenizer", default=env("EDGESPEC_COORDINATOR_TOKENIZER", "draft"),
                         help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models) or a directory")
     parser.add_argument("--window", type=window_arg, default=window_arg(env("EDGESPEC_COORDINATOR_WINDOW", "auto")),
@@ -69,28 +76,57 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                         help="when sampling: the drafter samples from its top-Q distribution and sends those Q ids "
                              "and weights per token; 0 = deterministic drafting, token ids only (default %(default)s)")
     parser.add_argument("--deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_DEADLINE", "60")), help="per-call deadline, seconds (default %(default)s)")
+    parser.add_argument("--pipeline", default=env("EDGESPEC_COORDINATOR_PIPELINE", "off"), choices=["on", "off"],
+                        help="on: while a window is being verified, draft the next one assuming full acceptance and "
+                             "send it at once (hides the link RTT); off: one window at a time (default %(default)s)")
+    parser.add_argument("--on-verifier-loss", default=env("EDGESPEC_COORDINATOR_ON_VERIFIER_LOSS", "fail"),
+                        choices=["fail", "draft-only"],
+                        help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
+                             "or stream the drafter's tokens flagged unverified until one is back (default %(default)s)")
+    parser.add_argument("--failover-deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_FAILOVER_DEADLINE", "30")),
+                        help="seconds to keep looking for a usable verifier for a session (default %(default)s)")
+    parser.add_argument("--ban", type=float, default=float(env("EDGESPEC_COORDINATOR_BAN", "0.5")),
+                        help="seconds a failed verifier is skipped; doubles per consecutive failure (default %(default)s)")
+    parser.add_argument("--max-ban", type=float, default=float(env("EDGESPEC_COORDINATOR_MAX_BAN", "30")),
+                        help="cap on the ban, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
     a = parser.parse_args(argv)
-    return CoordinatorConfig(a.host, a.port, a.drafter, a.verifier, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
-                             a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.grace)
+    verifiers = tuple(v.strip() for v in a.verifier.split(",") if v.strip())
+    if not verifiers or len(set(verifiers)) != len(verifiers):
+        parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
+    return CoordinatorConfig(a.host, a.port, a.drafter, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
+                             a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.pipeline == "on",
+                             a.on_verifier_loss, a.failover_deadline, a.ban, a.max_ban, a.grace)
 
 
 async def main(config: CoordinatorConfig) -> None:
+    import asyncio
+
+    from edgespec.failover import FailoverVerifier
+    from edgespec.pool import VerifierPool
     from edgespec.tokenizer import load_tokenizer
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
     from services.coordinator.servicer import CoordinatorServicer, register
 
     tokenizer = load_tokenizer(config.tokenizer)
     drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids)
-    verifier = GrpcVerifier(config.verifier, config.deadline_seconds)
+    endpoints = {address: GrpcVerifier(address, config.deadline_seconds) for address in config.verifiers}
+    pool = VerifierPool(config.verifiers, config.ban_seconds, config.max_ban_seconds)
+    verifier = FailoverVerifier(pool, endpoints, config.failover_deadline_seconds)
+    watchers = [asyncio.ensure_future(e.watch_health(pool.set_serving)) for e in endpoints.values()]
     servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
-                                   config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window, config.auto_policy)
+                                   config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
+                                   config.auto_policy, config.pipeline, config.on_verifier_loss)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer))
-    log.info("drafter %s, verifier %s, default window %s", config.drafter, config.verifier,
-             "auto" if config.window < 0 else config.window)
+    log.info("drafter %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s", config.drafter,
+             ", ".join(config.verifiers), "auto" if config.window < 0 else config.window,
+             "on" if config.pipeline else "off", config.on_verifier_loss)
     await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
+    for watcher in watchers:
+        watcher.cancel()
     await drafter.aclose()
-    await verifier.aclose()
+    for endpoint in endpoints.values():
+        await endpoint.aclose()
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@ else on the coordinator side.
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from typing import Callable, Sequence
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgespec import errors, rpc
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from edgespec.speculation import Window
 from edgespec.verification import Verdict
-from edgespec.wire import dists_from_pb, dists_to_pb, params_to_pb
+from edgespec.wire import dists_from_pb, params_to_pb, window_to_pb
 
 
 class GrpcDrafter:
@@ -49,47 +51,61 @@ class GrpcDrafter:
 
 
 class GrpcVerifier:
-    """One VerifyStream per session: a window is written, its verdict read back."""
+    """One verifier endpoint. One VerifyStream per session; verdicts are matched to
+    windows by window_seq, so several windows can be in flight (pipelining)."""
 
     def __init__(self, address: str, deadline_seconds: float):
         self.address = address
         self._deadline = deadline_seconds
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
-        self._streams: dict[str, grpc.aio.StreamStreamCall] = {}
+        self._streams: dict[str, _VerdictStream] = {}
 
     async def info(self) -> verifier_pb2.InfoResponse:
         return await self._call(self._stub.Info, verifier_pb2.InfoRequest())
 
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
+        self.forget(session_id)
         await self._call(self._stub.OpenSession, verifier_pb2.OpenSessionRequest(
             session_id=session_id, tokens=tokens, sampling=params_to_pb(params)))
-        self._streams[session_id] = self._stub.VerifyStream()
 
-    async def verify(self, session_id: str, window_seq: int, base_position: int, draft: Sequence[int],
-                     q: Sequence[SparseDist], params_fingerprint: int) -> Verdict:
-        stream = self._streams[session_id]
-        try:
-            await stream.write(verifier_pb2.Window(session_id=session_id, window_seq=window_seq,
-                                                   base_position=base_position, draft_tokens=draft,
-                                                   params_fingerprint=params_fingerprint, draft_probs=dists_to_pb(q)))
-            reply = await asyncio.wait_for(stream.read(), self._deadline)
-        except grpc.aio.AioRpcError as error:
-            self._streams.pop(session_id, None)
-            raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
-        except asyncio.TimeoutError:
-            self._streams.pop(session_id, None).cancel()
-            raise errors.Unavailable(f"verifier {self.address}: no verdict within {self._deadline}s") from None
-        if reply is grpc.aio.EOF:
-            self._streams.pop(session_id, None)
-            raise errors.Unavailable(f"verifier {self.address}: stream ended ({await stream.code()})")
-        return Verdict(accepted=reply.accepted, next_token=reply.next_token)
+    async def verify(self, session_id: str, window: Window) -> Verdict | None:
+        stream = self._streams.get(session_id)
+        if stream is None or stream.error is not None:
+            stream = self._streams[session_id] = _VerdictStream(self._stub.VerifyStream(), self.address)
+        reply = await stream.send(window_to_pb(session_id, window), self._deadline)
+        return None if reply.discarded else Verdict(accepted=reply.accepted, next_token=reply.next_token)
 
     async def close(self, session_id: str) -> None:
+        self.forget(session_id)
+        await self.discard(session_id)
+
+    async def discard(self, session_id: str) -> None:
+        await self._call(self._stub.CloseSession, verifier_pb2.CloseSessionRequest(session_id=session_id))
+
+    def forget(self, session_id: str) -> None:
         stream = self._streams.pop(session_id, None)
         if stream is not None:
-            await stream.done_writing()
-        await self._call(self._stub.CloseSession, verifier_pb2.CloseSessionRequest(session_id=session_id))
+            stream.cancel()
+
+    async def watch_health(self, on_change: Callable[[str, bool], None]) -> None:
+        """Follow the standard gRPC health Watch of the Verifier service; report every change.
+
+        A broken watch counts as not serving and is retried with backoff; runs until cancelled.
+        """
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        request = health_pb2.HealthCheckRequest(service=verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name)
+        backoff = 0.1
+        while True:
+            try:
+                async for reply in stub.Watch(request):
+                    on_change(self.address, reply.status == health_pb2.HealthCheckResponse.SERVING)
+                    backoff = 0.1
+            except grpc.aio.AioRpcError:
+                pass
+            on_change(self.address, False)
+            await asyncio.sleep(backoff)
+            backoff = min(2.0, backoff * 2)
 
     async def _call(self, method, request):
         try:
@@ -98,4 +114,60 @@ class GrpcVerifier:
             raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
 
     async def aclose(self) -> None:
+        for session_id in list(self._streams):
+            self.forget(session_id)
         await self._channel.close()
+
+
+class _VerdictStream:
+    """A VerifyStream call: writes windows, a reader task resolves each window's future.
+
+    Any failure (status, end of stream, deadline) fails every waiting window and
+    marks the stream dead; the caller opens a new one.
+    """
+
+    def __init__(self, call: grpc.aio.StreamStreamCall, address: str):
+        self.call = call
+        self.address = address
+        self.error: errors.EdgespecError | None = None
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def send(self, window: verifier_pb2.Window, deadline_seconds: float) -> verifier_pb2.Verdict:
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[window.window_seq] = future
+        try:
+            await self.call.write(window)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass   # the reader sees the call's status and fails the future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), deadline_seconds)
+        except asyncio.TimeoutError:
+            self._fail(errors.Unavailable(f"verifier {self.address}: no verdict within {deadline_seconds}s"))
+            self.call.cancel()
+            return await future   # raises the error just set
+
+    async def _read(self) -> None:
+        try:
+            async for reply in self.call:
+                future = self._waiting.pop(reply.window_seq, None)
+                if future is not None and not future.done():
+                    future.set_result(reply)
+            self._fail(errors.Unavailable(f"verifier {self.address}: stream ended"))
+        except grpc.aio.AioRpcError as error:
+            self._fail(rpc.from_rpc_error(error, f"verifier {self.address}"))
+        except asyncio.CancelledError:
+            self._fail(errors.Unavailable(f"verifier {self.address}: stream cancelled"))
+
+    def _fail(self, error: errors.EdgespecError) -> None:
+        if self.error is None:
+            self.error = error
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(self.error)
+        self._waiting.clear()
+
+    def cancel(self) -> None:
+        self._fail(errors.Unavailable(f"verifier {self.address}: stream closed"))
+        self.call.cancel()
+        self._reader.cancel()

@@ -9,7 +9,9 @@ import uuid
 import grpc
 
 from edgespec import rpc
-from edgespec.errors import EdgespecError, InvalidArgument
+from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
+from edgespec.failover import FailoverVerifier
+from edgespec.limits import check_token_ids
 from edgespec.sampling import check_params
 from edgespec.session import SessionLog
 from edgespec.speculation import speculate
@@ -18,15 +20,16 @@ from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
 from edgespec.wire import params_from_pb
 from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
-from services.coordinator.clients import GrpcDrafter, GrpcVerifier
+from services.coordinator.clients import GrpcDrafter
 
 log = logging.getLogger(__name__)
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: GrpcVerifier,
+    def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: FailoverVerifier,
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
-                 auto_max_window: int = 4, auto_policy: str = "goodput"):
+                 auto_max_window: int = 4, auto_policy: str = "goodput", pipeline: bool = False,
+                 on_verifier_loss: str = "fail"):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.verifier = verifier
@@ -36,7 +39,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.max_prompt_tokens = max_prompt_tokens
         self.auto_max_window = auto_max_window   # largest k the adaptive policy considers
         self.auto_policy = auto_policy           # "goodput" | "heuristic"
-        self._eos_ids: frozenset[int] | None = None
+        self.pipeline = pipeline                 # draft ahead and send optimistic windows
+        self.on_verifier_loss = on_verifier_loss # "fail" | "draft-only"
+        self._info = None                        # a verifier's InfoResponse (vocabulary, EOS ids)
 
     async def Generate(self, request: pb.GenerateRequest, context):
         try:
@@ -46,36 +51,53 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             prompt = self.tokenizer.encode(request.prompt, request.chat)
             if len(prompt) > self.max_prompt_tokens:
                 raise InvalidArgument("prompt", f"{len(prompt)} tokens exceeds the limit of {self.max_prompt_tokens}")
-            if self._eos_ids is None:
-                self._eos_ids = frozenset((await self.verifier.info()).eos_token_ids)
+            info = await self._verifier_info()
+            eos_ids = frozenset(info.eos_token_ids)
+            resume = list(request.resume_token_ids)
+            check_token_ids("resume_token_ids", resume, info.vocab_size)
+            if len(resume) >= request.max_new_tokens or eos_ids.intersection(resume):
+                raise InvalidArgument("resume_token_ids", f"{len(resume)} tokens already finish the generation "
+                                      f"(max_new_tokens {request.max_new_tokens}, or an EOS among them)")
         except EdgespecError as error:
             await rpc.abort(context, error)
         session_id = uuid.uuid4().hex
-        session = SessionLog(prompt, request.max_new_tokens, self._eos_ids)
+        session = SessionLog(prompt, request.max_new_tokens, eos_ids, generated=resume)
         text = TextStream(self.tokenizer)
+        text.push(resume)            # context for decoding what follows; the client has this text
+        unverified_text: TextStream | None = None
         started = time.perf_counter()
         policy = self._policy(window)
         drafting = window != 0
-        log.info("session %s: %d prompt tokens, max %d new, window %s, %s", session_id, len(prompt),
-                 request.max_new_tokens, "auto" if window < 0 else window, "greedy" if params.greedy else params)
+        log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(prompt),
+                 request.max_new_tokens, f" (resuming after {len(resume)})" if resume else "",
+                 "auto" if window < 0 else window, "greedy" if params.greedy else params,
+                 ", pipelined" if self.pipeline else "")
         try:
-            # One after the other: prefilling both at once oversubscribes the cores
-            # (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
-            await self.verifier.open(session_id, prompt, params)
-            if drafting:
-                await self.drafter.open(session_id, prompt, params)
+            # The drafter opens on the first draft, after this: prefilling both at once
+            # oversubscribes the cores (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
+            await self.verifier.open(session_id, session.committed, params)
             prefill = time.perf_counter() - started
-            async for tokens in speculate(session, session_id, self.drafter, self.verifier, policy, params):
-                yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=tokens, text=text.push(tokens),
-                                                              generated=len(session.generated)))
+            async for chunk in speculate(session, session_id, self.drafter, self.verifier, policy, params,
+                                         pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss):
+                if chunk.unverified:
+                    unverified_text = unverified_text or TextStream(self.tokenizer)
+                    piece = unverified_text.push(chunk.tokens)
+                else:
+                    unverified_text, piece = None, text.push(chunk.tokens)
+                yield pb.GenerateResponse(chunk=pb.TokenChunk(
+                    token_ids=chunk.tokens, text=piece, generated=chunk.position + len(chunk.tokens),
+                    position=chunk.position, unverified=chunk.unverified))
         except EdgespecError as error:
             log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
             await rpc.abort(context, error)
         finally:
+            failover = self.verifier.stats(session_id)
+            served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafting)
-        tail = text.flush()
+        tail = text.flush() if session.unverified == 0 else ""
         if tail:
-            yield pb.GenerateResponse(chunk=pb.TokenChunk(text=tail, generated=len(session.generated)))
+            yield pb.GenerateResponse(chunk=pb.TokenChunk(text=tail, generated=len(session.generated),
+                                                          position=len(session.generated)))
         seconds = time.perf_counter() - started
         stats = session.stats
         log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round",
@@ -87,8 +109,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             mean_accepted_length=stats.mean_accepted_length, seconds=seconds,
             tokens_per_second=len(session.generated) / seconds, draft_seconds=stats.draft_seconds,
             verify_seconds=stats.verify_seconds, finish_reason=session.finish_reason or "",
-            verifier=self.verifier.address, prefill_seconds=prefill, seed=params.seed,
-            verification="greedy" if params.greedy else "lossless-sampling"))
+            verifier=served_by, prefill_seconds=prefill, seed=params.seed,
+            verification="greedy" if params.greedy else "lossless-sampling", failovers=failover.failovers,
+            recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified,
+            pipelined=self.pipeline and drafting, optimistic_windows=stats.optimistic_windows,
+            optimistic_hits=stats.optimistic_hits))
 
     def _check(self, request: pb.GenerateRequest) -> int:
         """Validate the request; return its window (-1 = adaptive)."""
@@ -107,6 +132,19 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return HeuristicWindow(k=min(2, self.auto_max_window), max_k=self.auto_max_window)
         return GoodputWindow(max_k=self.auto_max_window)
 
+    async def _verifier_info(self):
+        """Vocabulary and EOS ids, from the first verifier that answers (cached)."""
+        if self._info is None:
+            for address in self.verifier.pool.endpoints:
+                try:
+                    self._info = await self.verifier.endpoints[address].info()
+                    break
+                except EdgespecError as error:
+                    log.warning("verifier %s: Info failed: %s", address, error)
+            else:
+                raise Unavailable("no verifier answered Info")
+        return self._info
+
     async def _close(self, session_id: str, drafted: bool) -> None:
         """Free both sides' session state; a failure here must not hide the generation's result."""
         for side, wanted in ((self.verifier, True), (self.drafter, drafted)):
@@ -114,8 +152,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 continue
             try:
                 await side.close(session_id)
+            except NotFound:
+                pass   # never opened there (e.g. the policy never drafted)
             except EdgespecError as error:
-                log.warning("closing session %s on %s: %s", session_id, side.address, error)
+                log.warning("closing session %s on the %s: %s", session_id, type(side).__name__, error)
 
 
 def register(servicer: CoordinatorServicer):

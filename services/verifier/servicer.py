@@ -41,13 +41,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             try:
                 result, depth = await self.worker.call(self.engine.verify, window.session_id, window.base_position,
                                                        list(window.draft_tokens), dists_from_pb(window.draft_probs),
-                                                       window.params_fingerprint)
+                                                       window.params_fingerprint,
+                                                       window.parent_token if window.optimistic else None)
             except EdgespecError as error:
                 log.info("window %d of session %s rejected: %s", window.window_seq, window.session_id, error)
                 await rpc.abort(context, error)
+            verdict = result.verdict
             yield pb.Verdict(session_id=window.session_id, window_seq=window.window_seq,
-                             base_position=window.base_position, accepted=result.verdict.accepted,
-                             next_token=result.verdict.next_token, committed_position=result.committed_position,
+                             base_position=window.base_position, discarded=verdict is None,
+                             accepted=verdict.accepted if verdict else 0, next_token=verdict.next_token if verdict else 0,
+                             committed_position=result.committed_position,
                              verify_seconds=result.verify_seconds, queue_depth=depth)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):

@@ -16,7 +16,13 @@ def test_defaults():
     d = drafter_args([])
     assert (d.service.port, d.service.model, d.service.device, d.quantize) == (50062, "draft", "cpu", "auto")
     c = coordinator_args([])
-    assert (c.port, c.window, c.verifier, c.drafter) == (50051, -1, "127.0.0.1:50061", "127.0.0.1:50062")
+    assert (c.port, c.window, c.verifiers, c.drafter) == (50051, -1, ("127.0.0.1:50061",), "127.0.0.1:50062")
+    assert (c.pipeline, c.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
+
+
+def test_coordinator_takes_a_verifier_pool():
+    c = coordinator_args(["--verifier", "10.0.0.1:1, 10.0.0.2:2", "--pipeline", "on", "--on-verifier-loss", "draft-only"])
+    assert c.verifiers == ("10.0.0.1:1", "10.0.0.2:2") and c.pipeline and c.on_verifier_loss == "draft-only"
 
 
 def test_environment_overrides_defaults_and_flags_override_environment(monkeypatch):
@@ -33,6 +39,10 @@ def test_environment_overrides_defaults_and_flags_override_environment(monkeypat
 def test_bad_flag_values_exit_with_usage():
     with pytest.raises(SystemExit):
         coordinator_args(["--window", "-3"])
+    with pytest.raises(SystemExit):
+        coordinator_args(["--verifier", "a:1,a:1"])
+    with pytest.raises(SystemExit):
+        coordinator_args(["--verifier", " , "])
     with pytest.raises(SystemExit):
         verifier_args(["--dtype", "int4"])
 

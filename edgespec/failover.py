@@ -1,0 +1,177 @@
+"""A verifier port over a pool of verifiers: one home per session, re-homed on failure.
+
+Each session is pinned to one verifier. When a call to it fails, the session is
+re-opened with its committed prefix — on another verifier if this one is
+unreachable (it is banned with exponential backoff), on the same one if it only
+lost the session (NOT_FOUND: restarted or evicted) or disagrees about the
+committed position (ABORTED) — and the window is sent again. Windows are
+idempotent by (session_id, base_position) and uniforms come from (seed,
+position), so a resent window gets the verdict the lost one would have had:
+no committed token is lost, repeated or changed.
+
+Transport-free: endpoints are any objects with the EndpointPort methods (gRPC
+clients in the coordinator, in-process engines in tests).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
+from edgespec.pool import VerifierPool
+from edgespec.sampling import SamplingParams
+from edgespec.speculation import Window
+from edgespec.verification import Verdict
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.1   # how often to look for a usable verifier while none is
+
+
+class EndpointPort(Protocol):
+    address: str
+
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
+    async def verify(self, session_id: str, window: Window) -> Verdict | None: ...
+    async def close(self, session_id: str) -> None: ...
+    def forget(self, session_id: str) -> None:
+        """Drop local per-session state (streams) without calling the peer."""
+    async def discard(self, session_id: str) -> None:
+        """Ask the peer to drop the session, leaving local state alone (best effort)."""
+
+
+@dataclass(slots=True)
+class FailoverStats:
+    failovers: int = 0             # re-opens of a session (on another verifier or the same one)
+    recovery_seconds: float = 0.0  # time spent re-opening, seconds
+    recoveries: list[float] = field(default_factory=list)   # each re-open's duration, seconds
+
+
+@dataclass(slots=True)
+class _Pinned:
+    committed: list[int]           # the session's committed tokens, as verdicts arrived
+    params: SamplingParams
+    address: str | None = None     # its verifier now
+    epoch: int = 0                 # bumped on every (re)open: concurrent failures recover once
+    closed: bool = False           # closed by the caller: never (re)open it again
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stats: FailoverStats = field(default_factory=FailoverStats)
+
+
+class FailoverVerifier:
+    def __init__(self, pool: VerifierPool, endpoints: Mapping[str, EndpointPort],
+                 recovery_deadline_seconds: float = 30.0):
+        self.pool = pool
+        self.endpoints = endpoints
+        self.recovery_deadline = recovery_deadline_seconds   # give up re-homing after this, seconds
+        self._sessions: dict[str, _Pinned] = {}
+
+    def address_of(self, session_id: str) -> str | None:
+        pinned = self._sessions.get(session_id)
+        return pinned.address if pinned else None
+
+    def stats(self, session_id: str) -> FailoverStats:
+        return self._sessions[session_id].stats
+
+    def reachable(self) -> bool:
+        return self.pool.pick() is not None
+
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
+        """Open the session on the best verifier (or re-open an existing one with ``tokens`` as its prefix)."""
+        pinned = self._sessions.get(session_id)
+        if pinned is None:
+            pinned = self._sessions[session_id] = _Pinned(list(tokens), params)
+        else:
+            pinned.committed = list(tokens)
+        async with pinned.lock:
+            await self._home(session_id, pinned, prefer=None)
+
+    async def verify(self, session_id: str, window: Window) -> Verdict | None:
+        pinned = self._sessions[session_id]
+        while True:
+            address, epoch = pinned.address, pinned.epoch
+            try:
+                verdict = await self.endpoints[address].verify(session_id, window)
+            except (Unavailable, ResourceExhausted) as error:
+                await self._recover(session_id, pinned, epoch, error, unreachable=True)
+                continue
+            except (NotFound, Aborted) as error:
+                await self._recover(session_id, pinned, epoch, error, unreachable=False)
+                continue
+            self.pool.succeeded(address)
+            if verdict is not None and pinned.epoch == epoch:
+                pinned.committed.extend(verdict.committed(window.draft))
+            return verdict
+
+    async def close(self, session_id: str) -> None:
+        pinned = self._sessions.pop(session_id, None)
+        if pinned is None:
+            return
+        pinned.closed = True
+        if pinned.address is None:
+            return
+        self.pool.unpin(pinned.address)
+        await self.endpoints[pinned.address].close(session_id)
+
+    async def _recover(self, session_id: str, pinned: _Pinned, epoch: int, error: Exception,
+                       unreachable: bool) -> None:
+        async with pinned.lock:
+            if pinned.epoch != epoch:      # another in-flight window already recovered the session
+                return
+            old = pinned.address
+            started = time.monotonic()
+            if unreachable:
+                ban = self.pool.ban(old)
+                log.warning("session %s: verifier %s failed (%s); banned for %.1fs, re-homing",
+                            session_id, old, error, ban)
+            else:
+                log.warning("session %s: verifier %s lost the session (%s); re-opening", session_id, old, error)
+            self.endpoints[old].forget(session_id)
+            await self._home(session_id, pinned, prefer=None if unreachable else old)
+            seconds = time.monotonic() - started
+            pinned.stats.failovers += 1
+            pinned.stats.recovery_seconds += seconds
+            pinned.stats.recoveries.append(seconds)
+            log.info("session %s: re-opened on %s at position %d in %.3fs",
+                     session_id, pinned.address, len(pinned.committed), seconds)
+            if unreachable and old != pinned.address:
+                asyncio.ensure_future(self._close_quietly(old, session_id))
+
+    async def _home(self, session_id: str, pinned: _Pinned, prefer: str | None) -> None:
+        """Open the session with its committed prefix on a usable verifier, waiting up to the deadline."""
+        deadline = time.monotonic() + self.recovery_deadline
+        while True:
+            if pinned.closed:
+                raise Unavailable(f"session {session_id} was closed while re-homing")
+            ready = self.pool.available()
+            address = prefer if prefer in ready else (ready[0] if ready else None)
+            if address is None:
+                if time.monotonic() >= deadline:
+                    raise Unavailable(f"no verifier reachable within {self.recovery_deadline:.0f}s "
+                                      f"(pool: {', '.join(self.pool.endpoints)})")
+                await asyncio.sleep(POLL_SECONDS)
+                continue
+            try:
+                await self.endpoints[address].open(session_id, pinned.committed, pinned.params)
+            except (Unavailable, ResourceExhausted) as error:
+                log.warning("session %s: opening on verifier %s failed: %s", session_id, address, error)
+                self.pool.ban(address)
+                prefer = None
+                continue
+            if pinned.address is not None:
+                self.pool.unpin(pinned.address)
+            self.pool.pin(address)
+            self.pool.succeeded(address)
+            pinned.address = address
+            pinned.epoch += 1
+            return
+
+    async def _close_quietly(self, address: str, session_id: str) -> None:
+        """Free the session on a verifier we left (it may be alive but stalled); failures are expected."""
+        try:
+            await self.endpoints[address].discard(session_id)
+        except Exception as error:   # noqa: BLE001 — best effort on a peer we already gave up on
+            log.debug("closing session %s on abandoned verifier %s: %s", session_id, address, error)

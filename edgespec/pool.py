@@ -1,0 +1,71 @@
+"""Which verifier a session should use: health, bans with exponential backoff, load.
+
+Pure bookkeeping with an injected clock; the coordinator feeds it health-watch
+updates and call failures, the simulator can feed it modelled ones.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+
+@dataclass(slots=True)
+class Endpoint:
+    address: str
+    serving: bool = True        # last health-watch status (assumed serving until told otherwise)
+    failures: int = 0           # consecutive failed calls; resets on a success
+    banned_until: float = 0.0   # clock time before which the endpoint is not picked
+    sessions: int = 0           # sessions pinned here now
+
+
+class VerifierPool:
+    def __init__(self, addresses: Sequence[str], base_backoff_seconds: float = 0.5,
+                 max_backoff_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        if not addresses:
+            raise ValueError("a verifier pool needs at least one address")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"duplicate verifier addresses: {list(addresses)}")
+        self.endpoints = {address: Endpoint(address) for address in addresses}
+        self.base_backoff = base_backoff_seconds
+        self.max_backoff = max_backoff_seconds
+        self.clock = clock
+
+    def available(self, exclude: Iterable[str] = ()) -> list[str]:
+        """Addresses that are serving and not banned, least loaded first (ties: configured order)."""
+        now, skip = self.clock(), set(exclude)
+        ready = [e for e in self.endpoints.values()
+                 if e.serving and e.banned_until <= now and e.address not in skip]
+        return [e.address for e in sorted(ready, key=lambda e: e.sessions)]
+
+    def pick(self, exclude: Iterable[str] = ()) -> str | None:
+        ready = self.available(exclude)
+        return ready[0] if ready else None
+
+    def ban(self, address: str) -> float:
+        """Record a failure; ban for base * 2^(failures-1), capped. Returns the ban length, seconds."""
+        endpoint = self.endpoints[address]
+        endpoint.failures += 1
+        seconds = min(self.max_backoff, self.base_backoff * 2 ** (endpoint.failures - 1))
+        endpoint.banned_until = self.clock() + seconds
+        return seconds
+
+    def succeeded(self, address: str) -> None:
+        endpoint = self.endpoints[address]
+        endpoint.failures = 0
+        endpoint.banned_until = 0.0
+
+    def set_serving(self, address: str, serving: bool) -> None:
+        self.endpoints[address].serving = serving
+
+    def seconds_until_available(self) -> float | None:
+        """How long until some endpoint's ban ends (0 = one is available now); None if none is serving."""
+        now = self.clock()
+        waits = [max(0.0, e.banned_until - now) for e in self.endpoints.values() if e.serving]
+        return min(waits) if waits else None
+
+    def pin(self, address: str) -> None:
+        self.endpoints[address].sessions += 1
+
+    def unpin(self, address: str) -> None:
+        self.endpoints[address].sessions -= 1

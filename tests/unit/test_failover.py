@@ -1,0 +1,209 @@
+"""Verifier pool, optimistic windows, pipelined rounds, failover and degradation — in process.
+
+The faults here are injected into the endpoints (the environment); the thing under
+test — pool, FailoverVerifier, round loops, engines — is real. Real processes are
+killed in tests/rpc/test_chaos.py.
+"""
+import asyncio
+
+import pytest
+
+from edgespec.backends.registry import TINY_EOS
+from edgespec.drafter_engine import DrafterEngine
+from edgespec.errors import Aborted, InvalidArgument, Unavailable
+from edgespec.failover import FailoverVerifier
+from edgespec.pool import VerifierPool
+from edgespec.sampling import SamplingParams
+from edgespec.session import SessionLog
+from edgespec.speculation import speculate
+from edgespec.verifier_engine import VerifierEngine
+from edgespec.window import FixedWindow
+from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
+
+PROMPT = list(b"def fib(n):")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_pool_picks_least_loaded_and_bans_with_exponential_backoff():
+    clock = FakeClock()
+    pool = VerifierPool(["a", "b", "c"], base_backoff_seconds=0.5, max_backoff_seconds=3, clock=clock)
+    assert pool.pick() == "a"
+    pool.pin("a")
+    assert pool.pick() == "b"
+    assert [pool.ban("b") for _ in range(4)] == [0.5, 1.0, 2.0, 3.0]   # doubles, capped
+    assert pool.available() == ["c", "a"]
+    clock.now += 3.0
+    assert "b" in pool.available()
+    pool.succeeded("b")
+    assert pool.ban("b") == 0.5                                        # a success resets the backoff
+    pool.set_serving("c", False)
+    pool.set_serving("a", False)
+    assert pool.pick() is None and pool.seconds_until_available() == pytest.approx(0.5)
+    pool.set_serving("b", False)
+    assert pool.seconds_until_available() is None
+    with pytest.raises(ValueError):
+        VerifierPool([])
+    with pytest.raises(ValueError):
+        VerifierPool(["a", "a"])
+
+
+def opened(target="tiny:3", prompt=PROMPT):
+    engine = VerifierEngine(tiny(target), [TINY_EOS])
+    engine.open("s", prompt)
+    return engine
+
+
+def test_optimistic_window_verified_only_when_its_assumption_holds():
+    engine, reference = opened(), opened()
+    base = len(PROMPT)
+    truth = target_only_greedy("tiny:3", PROMPT, 4)
+    before = engine.committed("s")
+    # Assumes one more committed token than there is: discarded, nothing changes.
+    assert engine.verify("s", base + 1, truth[1:3], parent=truth[0]).verdict is None
+    # Right length, wrong last token: discarded.
+    assert engine.verify("s", base, truth[:2], parent=PROMPT[-1] + 1).verdict is None
+    assert engine.committed("s") == before
+    # Right length and last token: verified exactly as a plain window.
+    got = engine.verify("s", base, truth[:2], parent=PROMPT[-1])
+    assert got.verdict == reference.verify("s", base, truth[:2]).verdict
+    # Replayed: the same verdict; an unknown window at an old position: discarded, not ABORTED.
+    assert engine.verify("s", base, truth[:2], parent=PROMPT[-1]) == got
+    assert engine.verify("s", base, [7, 7], parent=PROMPT[-1]).verdict is None
+    with pytest.raises(Aborted):
+        engine.verify("s", base, [7, 7])
+    # Bad input is still bad input.
+    with pytest.raises(InvalidArgument):
+        engine.verify("s", base + 3, [999], parent=1)
+
+
+def run(target, draft, prompt, max_new, window, pipeline=False, verifier=None, params=SamplingParams(),
+        on_verifier_loss="fail", events=None):
+    engine = VerifierEngine(tiny(target), [TINY_EOS])
+    port = verifier or InProcessVerifier(engine)
+    drafter = InProcessDrafter(DrafterEngine(tiny(draft)))
+    log = SessionLog(prompt, max_new, frozenset({TINY_EOS}))
+
+    async def go():
+        await port.open("s", prompt, params)
+        async for chunk in speculate(log, "s", drafter, port, FixedWindow(window), params, pipeline=pipeline,
+                                     on_verifier_loss=on_verifier_loss):
+            if events is not None:
+                events.append(chunk)
+    asyncio.run(go())
+    return log
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_pipelined_rounds_equal_target_only_greedy(seed, window):
+    target = f"tiny:{seed}"
+    for draft in (f"tiny:{seed}~1", target, f"tiny:{seed + 50}"):
+        log = run(target, draft, PROMPT, 40, window, pipeline=True)
+        assert log.generated == target_only_greedy(target, PROMPT, 40), (draft, window)
+        if draft == target:   # an identical draft: every optimistic window holds
+            assert log.stats.optimistic_hits == log.stats.optimistic_windows > 0
+
+
+def test_pipelined_sampling_gives_the_blocking_loop_s_text_for_the_same_seed():
+    params = SamplingParams(temperature=1.0, top_k=20, seed=1234)
+    for seed in range(3):
+        params = SamplingParams(1.0, 20, 1.0, seed)
+        blocking = run("tiny:11", "tiny:11~2", PROMPT, 30, 3, params=params)
+        pipelined = run("tiny:11", "tiny:11~2", PROMPT, 30, 3, pipeline=True, params=params)
+        assert pipelined.generated == blocking.generated
+        assert pipelined.stats.optimistic_windows > 0
+
+
+class Faulty(InProcessVerifier):
+    """An in-process endpoint that dies on chosen calls: before verifying, or after (the verdict is lost)."""
+
+    def __init__(self, engine, address, fail_on: set[int], lose_verdict=False, dead_for_opens=0):
+        super().__init__(engine, address)
+        self.calls = 0
+        self.fail_on = fail_on
+        self.lose_verdict = lose_verdict
+        self.dead_for_opens = dead_for_opens
+
+    async def open(self, session_id, tokens, params=None):
+        if self.dead_for_opens > 0:
+            self.dead_for_opens -= 1
+            raise Unavailable(f"{self.address} down")
+        await super().open(session_id, tokens, params)
+
+    async def verify(self, session_id, window):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            if self.lose_verdict:
+                await super().verify(session_id, window)   # committed there, but the reply never arrives
+            raise Unavailable(f"{self.address} connection reset")
+        return await super().verify(session_id, window)
+
+
+@pytest.mark.parametrize("lose_verdict", [False, True], ids=["dies-before", "verdict-lost"])
+@pytest.mark.parametrize("pipeline", [False, True], ids=["blocking", "pipelined"])
+def test_failover_re_homes_the_session_and_output_is_unchanged(lose_verdict, pipeline):
+    target, draft = "tiny:5", "tiny:5~1"
+    a = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "a", fail_on={3, 9}, lose_verdict=lose_verdict)
+    b = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "b", fail_on={4}, lose_verdict=lose_verdict)
+    pool = VerifierPool(["a", "b"], base_backoff_seconds=0.01)
+    failover = FailoverVerifier(pool, {"a": a, "b": b}, recovery_deadline_seconds=5)
+    events = []
+    log = run(target, draft, PROMPT, 48, 3, pipeline=pipeline, verifier=failover, events=events)
+    assert log.generated == target_only_greedy(target, PROMPT, 48)
+    tokens = [t for e in events for t in e.tokens]
+    assert tokens == log.generated and [e.position for e in events] == [
+        sum(len(x.tokens) for x in events[:i]) for i in range(len(events))]   # no token lost or repeated
+    assert failover.stats("s").failovers >= 1 and b.calls > 0
+
+
+def test_no_verifier_within_the_deadline_fails_or_degrades_visibly():
+    target, draft = "tiny:6", "tiny:6~1"
+    dead = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "a", fail_on=set(range(3, 1000)), dead_for_opens=0)
+    pool = VerifierPool(["a"], base_backoff_seconds=30)
+    with pytest.raises(Unavailable):
+        run(target, draft, PROMPT, 30, 2, verifier=FailoverVerifier(pool, {"a": dead}, 0.2))
+
+    # draft-only: verified chunks, then unverified ones (flagged), ending "unverified".
+    dead = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "a", fail_on=set(range(3, 1000)))
+    events = []
+    log = run(target, draft, PROMPT, 30, 2, verifier=FailoverVerifier(VerifierPool(["a"], 30), {"a": dead}, 0.2),
+              on_verifier_loss="draft-only", events=events)
+    verified = [e for e in events if not e.unverified]
+    unverified = [e for e in events if e.unverified]
+    assert verified and unverified and events.index(unverified[0]) == len(verified)
+    assert log.finish_reason == "unverified" and log.unverified == sum(len(e.tokens) for e in unverified)
+    assert log.generated == target_only_greedy(target, PROMPT, 30)[:len(log.generated)]
+    assert unverified[0].position == len(log.generated)
+
+
+def test_degraded_stream_resumes_verified_output_when_a_verifier_returns():
+    target, draft = "tiny:6", "tiny:6~1"
+    clock = FakeClock()
+    a = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "a", fail_on={3, 4, 5})
+    pool = VerifierPool(["a"], base_backoff_seconds=30, clock=clock)
+    failover = FailoverVerifier(pool, {"a": a}, recovery_deadline_seconds=0.05)
+    events = []
+
+    class Recovering(FailoverVerifier):
+        def reachable(self):
+            clock.now += 20   # time passes between degraded chunks; the ban (30 s) expires after two
+            return super().reachable()
+
+    failover.__class__ = Recovering
+    log = run(target, draft, PROMPT, 40, 2, verifier=failover, on_verifier_loss="draft-only", events=events)
+    assert log.finish_reason in ("eos", "length") and log.unverified == 0
+    assert log.generated == target_only_greedy(target, PROMPT, 40)
+    assert any(e.unverified for e in events)
+    # The client's view: a verified chunk at position P replaces unverified tokens from P on.
+    view: list[int] = []
+    for e in events:
+        del view[e.position:]
+        view += e.tokens
+    assert view == log.generated
