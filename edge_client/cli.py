@@ -51,14 +51,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _generate(args) -> int:
-    from edge_client.client import generate
+    from edge_client.client import generate_resilient
 
+    unverified = False
     try:
-        async for event in generate(args.coordinator, args.prompt, args.max_new_tokens, args.window,
-                                    chat=not args.raw, timeout_seconds=args.timeout, temperature=args.temperature,
-                                    top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+        async for event in generate_resilient(args.coordinator, args.prompt, args.max_new_tokens,
+                                              window=args.window, chat=not args.raw, timeout_seconds=args.timeout,
+                                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                              seed=args.seed):
             if event.HasField("chunk"):
-                sys.stdout.write(event.chunk.text)
+                chunk = event.chunk
+                if chunk.unverified and not unverified:
+                    sys.stderr.write("\n[no verifier reachable: unverified draft text follows]\n")
+                elif unverified and not chunk.unverified:
+                    sys.stderr.write(f"\n[verifier back: verified text resumes at token {chunk.position}]\n")
+                unverified = chunk.unverified
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
             else:
                 print(file=sys.stdout)
@@ -73,7 +81,11 @@ def format_stats(s) -> str:
     return (f"[{s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
             f"acceptance {s.acceptance_rate:.1%} | {s.mean_accepted_length:.2f} tokens/round over {s.rounds} rounds | "
             f"finish {s.finish_reason} | {s.verification}" + (f" seed {s.seed}" if s.verification != "greedy" else "")
-            + f" | verifier {s.verifier}]")
+            + f" | verifier {s.verifier}"
+            + (f" | {s.failovers} failovers, {s.recovery_seconds:.2f}s recovering" if s.failovers else "")
+            + (f" | {s.unverified_tokens} UNVERIFIED tokens at the end" if s.unverified_tokens else "")
+            + (f" | pipelined: {s.optimistic_hits}/{s.optimistic_windows} optimistic windows held" if s.pipelined else "")
+            + "]")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Depends only on grpcio, protobuf and the generated code.
 """
 from __future__ import annotations
 
-from typing import AsyncIterator
+import asyncio
+import time
+from typing import AsyncIterator, Sequence
 
 import grpc
 
@@ -15,10 +17,13 @@ from edgespec.v1 import coordinator_pb2_grpc
 
 async def generate(address: str, prompt: str, max_new_tokens: int, window: int = -1, chat: bool = True,
                    timeout_seconds: float | None = None, temperature: float = 0.0, top_k: int = 0,
-                   top_p: float = 1.0, seed: int | None = None) -> AsyncIterator[pb.GenerateResponse]:
+                   top_p: float = 1.0, seed: int | None = None,
+                   resume_token_ids: Sequence[int] = ()) -> AsyncIterator[pb.GenerateResponse]:
     """Yield the coordinator's events: TokenChunk messages, then one GenerationStats.
 
     temperature 0 is greedy; > 0 samples (losslessly) with top_k / top_p / seed.
+    resume_token_ids: tokens an interrupted call with the same arguments already
+    streamed (verified ones); the coordinator continues after them.
     Raises grpc.aio.AioRpcError with the coordinator's status on failure.
     """
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -27,6 +32,40 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
     async with grpc.aio.insecure_channel(address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = pb.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens, window=window, chat=chat,
-                                     sampling=sampling)
+                                     sampling=sampling, resume_token_ids=resume_token_ids)
         async for event in stub.Generate(request, timeout=timeout_seconds, wait_for_ready=True):
             yield event
+
+
+RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                   grpc.StatusCode.INTERNAL)
+
+
+async def generate_resilient(address: str, prompt: str, max_new_tokens: int, reconnect_seconds: float = 60.0,
+                             **kwargs) -> AsyncIterator[pb.GenerateResponse]:
+    """generate() that survives a coordinator restart or a dropped connection.
+
+    When the stream breaks, it reconnects (for up to ``reconnect_seconds``) and
+    resumes with the verified tokens it already has, so no token is lost or
+    repeated. Greedy output is identical to an uninterrupted call; sampled output
+    is too when ``seed`` is given (the randomness is a function of seed and position).
+    Unverified tokens (degraded mode) are not kept: the resumed call recomputes them.
+    """
+    verified: list[int] = []
+    broken_since: float | None = None
+    while True:
+        try:
+            async for event in generate(address, prompt, max_new_tokens, resume_token_ids=verified, **kwargs):
+                broken_since = None
+                if event.HasField("chunk") and event.chunk.token_ids and not event.chunk.unverified:
+                    del verified[event.chunk.position:]
+                    verified += event.chunk.token_ids
+                yield event
+            return
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in RECONNECT_CODES:
+                raise
+            broken_since = broken_since or time.monotonic()
+            if time.monotonic() - broken_since > reconnect_seconds:
+                raise
+            await asyncio.sleep(0.2)

@@ -76,9 +76,6 @@ class FailoverVerifier:
     def stats(self, session_id: str) -> FailoverStats:
         return self._sessions[session_id].stats
 
-    def reachable(self) -> bool:
-        return self.pool.pick() is not None
-
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
         """Open the session on the best verifier (or re-open an existing one with ``tokens`` as its prefix)."""
         pinned = self._sessions.get(session_id)

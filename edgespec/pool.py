@@ -56,7 +56,12 @@ class VerifierPool:
         endpoint.banned_until = 0.0
 
     def set_serving(self, address: str, serving: bool) -> None:
-        self.endpoints[address].serving = serving
+        """A health-watch update. Coming back to SERVING (a restart, a healed link) lifts the ban:
+        the health check is fresher evidence than the backoff's guess."""
+        endpoint = self.endpoints[address]
+        if serving and not endpoint.serving:
+            endpoint.banned_until = 0.0
+        endpoint.serving = serving
 
     def seconds_until_available(self) -> float | None:
         """How long until some endpoint's ban ends (0 = one is available now); None if none is serving."""

@@ -67,8 +67,6 @@ class VerifierPort(Protocol):
     async def verify(self, session_id: str, window: Window) -> Verdict | None:
         """The verdict; None when an optimistic window's assumption did not hold."""
     async def close(self, session_id: str) -> None: ...
-    def reachable(self) -> bool:
-        """Whether a verifier could be tried now (degraded mode polls this before reopening)."""
 
 
 class _Rounds:
@@ -131,30 +129,45 @@ class _Rounds:
         self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
         return Chunk(log_.commit(list(window.draft), verdict), position)
 
-    async def degraded(self) -> AsyncIterator[Chunk]:
-        """No verifier: stream drafter tokens flagged unverified until one is back or the budget ends."""
+    async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
+        """No verifier: stream drafter tokens flagged unverified while looking for one.
+
+        A background probe keeps trying to re-open the session (each try waits up
+        to the verifier port's recovery deadline). The unverified run stops at
+        ``max_unverified`` tokens, a draft EOS or the budget; then we wait for
+        the probe once more. Verified output resumes as soon as a probe succeeds;
+        if none does, the generation ends "unverified".
+        """
         log_ = self.log
         provisional: list[int] = []
-        while len(log_.generated) + len(provisional) < log_.max_new_tokens:
-            if await self._verifier_back():
-                return
-            k = min(4, log_.max_new_tokens - len(log_.generated) - len(provisional))
-            drafted = await self.draft(k, provisional)
-            if drafted is None:
-                raise Unavailable("no verifier reachable and the drafter is down")
-            tokens = drafted[0]
-            if any(t in log_.eos_ids for t in tokens):
-                tokens = tokens[:next(i for i, t in enumerate(tokens) if t in log_.eos_ids) + 1]
-            yield Chunk(tokens, len(log_.generated) + len(provisional), unverified=True)
-            provisional += tokens
-            if tokens[-1] in log_.eos_ids:
-                break
+        probe = asyncio.ensure_future(self._reopen())
+        try:
+            while (len(provisional) < max_unverified and not (provisional and provisional[-1] in log_.eos_ids)
+                   and len(log_.generated) + len(provisional) < log_.max_new_tokens):
+                if probe.done():
+                    if probe.result():
+                        return
+                    probe = asyncio.ensure_future(self._reopen())
+                k = min(4, log_.max_new_tokens - len(log_.generated) - len(provisional))
+                drafted = await self.draft(k, provisional)
+                if drafted is None:
+                    raise Unavailable("no verifier reachable and the drafter is down")
+                tokens = drafted[0]
+                if any(t in log_.eos_ids for t in tokens):
+                    tokens = tokens[:next(i for i, t in enumerate(tokens) if t in log_.eos_ids) + 1]
+                yield Chunk(tokens, len(log_.generated) + len(provisional), unverified=True)
+                provisional += tokens
+            for _ in range(2):    # the probe in flight, then one full wait after the run ended
+                if await probe:
+                    return
+                probe = asyncio.ensure_future(self._reopen())
+        finally:
+            probe.cancel()
         log_.unverified = len(provisional)
         log_.finish_reason = "unverified"
 
-    async def _verifier_back(self) -> bool:
-        if not self.verifier.reachable():
-            return False
+    async def _reopen(self) -> bool:
+        """Re-open the session on a verifier with the committed prefix; False if none took it."""
         try:
             await self.verifier.open(self.session_id, self.log.committed, self.params)
         except Unavailable:
@@ -166,13 +179,14 @@ class _Rounds:
 
 async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
-                    on_verifier_loss: str = "fail") -> AsyncIterator[Chunk]:
+                    on_verifier_loss: str = "fail", max_unverified: int = 256) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
     The caller opens the verifier session (with ``params``); the drafter session
     is opened on the first draft. The caller closes both.
-    on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc).
+    on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
+    with at most ``max_unverified`` unverified tokens ahead of the verified ones.
     """
     rounds = _Rounds(log_, session_id, drafter, verifier, policy, params)
     loop = _pipelined if pipeline else _blocking
@@ -185,7 +199,7 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
                 raise
             log.warning("session %s: %s; streaming unverified drafter tokens", session_id, error)
             log_.stats.degraded += 1
-            async for chunk in rounds.degraded():
+            async for chunk in rounds.degraded(max_unverified):
                 yield chunk
 
 

@@ -66,5 +66,3 @@ class InProcessVerifier:
     def forget(self, session_id):
         pass
 
-    def reachable(self) -> bool:
-        return True

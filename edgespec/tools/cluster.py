@@ -1,7 +1,10 @@
-"""Start verifier, drafter and coordinator as real processes on loopback.
+"""Start verifiers, drafter and coordinator as real processes on loopback.
 
-Used by `edgespec demo`, `edgespec bench` and the RPC/system tests. Each service
-binds port 0 and we read the port it logged; logs go to files in ``log_dir``.
+Used by `edgespec demo`, `edgespec bench` and the RPC/system/chaos tests. Each
+service binds port 0 (or a given port, to restart it in place) and we read the
+port it logged; logs go to files in ``log_dir``. With a ``link`` profile, each
+verifier sits behind a WAN delay proxy (edgespec.tools.wan) and the coordinator
+talks to the proxies: the edge-cloud link, emulated on real sockets.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from edgespec.tools.wan import DelayProxy, LinkProfile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
@@ -28,6 +33,9 @@ class Service:
     process: subprocess.Popen
     log_path: Path
     address: str = ""
+    module: str = ""                  # how to start it again (LocalCluster.restart)
+    args: list[str] = field(default_factory=list)
+    cpus: str | None = None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -37,19 +45,25 @@ class Service:
 
 
 def start_service(module: str, args: list[str], log_dir: Path, name: str, timeout_seconds: float = 600,
-                  env: dict[str, str] | None = None) -> Service:
-    """Start ``python -m module args --host 127.0.0.1 --port 0`` and wait until it listens."""
+                  env: dict[str, str] | None = None, port: int = 0, cpus: str | None = None) -> Service:
+    """Start ``python -m module args --host 127.0.0.1 --port PORT`` and wait until it listens.
+
+    cpus: a taskset CPU list ("0", "1-3") to pin the process to (emulating separate machines).
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    sink = open(log_path, "w")
-    process = subprocess.Popen([sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args],
+    sink = open(log_path, "a")
+    sink.write(f"==== starting {name}\n")
+    sink.flush()
+    pin = ["taskset", "-c", cpus] if cpus else []
+    process = subprocess.Popen([*pin, sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args],
                                stdout=sink, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
     sink.close()
     service = Service(name, process, log_path)
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
-        match = LISTENING.search(log_path.read_text(errors="replace"))
+        match = LISTENING.search(log_path.read_text(errors="replace").rsplit(f"==== starting {name}", 1)[-1])
         if match:
             service.address = f"{match.group(1)}:{match.group(2)}"
             return service
@@ -72,31 +86,66 @@ def stop_service(service: Service, grace_seconds: float = 10) -> None:
 
 @dataclass
 class LocalCluster:
-    """verifier + drafter + coordinator on loopback; a context manager."""
+    """verifiers + drafter + coordinator on loopback; a context manager.
+
+    verifier_cpus / edge_cpus: taskset CPU lists, to keep the "cloud" and the
+    "edge" from sharing cores as they would on one machine.
+    """
     log_dir: Path
     verifier_args: list[str] = field(default_factory=list)
     drafter_args: list[str] = field(default_factory=list)
     coordinator_args: list[str] = field(default_factory=list)
+    verifier_count: int = 1
+    link: LinkProfile | None = None          # emulated edge-cloud link in front of every verifier
+    verifier_cpus: str | None = None
+    edge_cpus: str | None = None
     services: list[Service] = field(default_factory=list)
+    proxies: list[DelayProxy] = field(default_factory=list)
 
     def __enter__(self) -> "LocalCluster":
         try:
-            self.verifier = self._start("services.verifier", self.verifier_args, "verifier")
-            self.drafter = self._start("services.drafter", self.drafter_args, "drafter")
+            self.verifiers = [self._start("services.verifier", self.verifier_args, f"verifier{i or ''}",
+                                          self.verifier_cpus) for i in range(self.verifier_count)]
+            self.verifier = self.verifiers[0]
+            self.drafter = self._start("services.drafter", self.drafter_args, "drafter", self.edge_cpus)
+            links = [v.address for v in self.verifiers]
+            if self.link is not None:
+                self.proxies = [DelayProxy(address, self.link).start() for address in links]
+                links = [proxy.address for proxy in self.proxies]
             self.coordinator = self._start("services.coordinator", [
-                "--verifier", self.verifier.address, "--drafter", self.drafter.address, *self.coordinator_args],
-                "coordinator")
+                "--verifier", ",".join(links), "--drafter", self.drafter.address, *self.coordinator_args],
+                "coordinator", self.edge_cpus)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start(self, module: str, args: list[str], name: str) -> Service:
-        service = start_service(module, args, self.log_dir, name)
+    def _start(self, module: str, args: list[str], name: str, cpus: str | None) -> Service:
+        service = start_service(module, args, self.log_dir, name, cpus=cpus)
+        service.module, service.args, service.cpus = module, args, cpus
         self.services.append(service)
         return service
 
+    def kill(self, service: Service, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL: no drain, no goodbye) and reap the process."""
+        service.process.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            service.process.wait()
+
+    def restart(self, service: Service) -> None:
+        """Start a killed service again on its old address (clients reconnect to the same port)."""
+        if service.process.poll() is None:
+            raise RuntimeError(f"{service.name} is still running")
+        port = int(service.address.rsplit(":", 1)[1])
+        fresh = start_service(service.module, service.args, self.log_dir, service.name, port=port, cpus=service.cpus)
+        service.process = fresh.process
+
     def stop(self) -> None:
+        for proxy in self.proxies:
+            proxy.stop()
+        for service in self.services:      # all drain at once: teardown costs one grace period, not one each
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGTERM)
         for service in reversed(self.services):
             stop_service(service)
         self.services.clear()

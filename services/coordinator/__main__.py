@@ -31,6 +31,7 @@ class CoordinatorConfig:
     deadline_seconds: float    # deadline on every drafter / verifier call, seconds
     pipeline: bool             # draft ahead and send optimistic windows while a window is in flight
     on_verifier_loss: str      # "fail" | "draft-only": what to do when no verifier is reachable
+    max_unverified: int        # draft-only: unverified tokens allowed ahead of the verified output
     failover_deadline_seconds: float  # how long to look for a verifier before on_verifier_loss applies
     ban_seconds: float         # first ban of a failed verifier; doubles per consecutive failure
     max_ban_seconds: float     # ban cap
@@ -83,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                         choices=["fail", "draft-only"],
                         help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
                              "or stream the drafter's tokens flagged unverified until one is back (default %(default)s)")
+    parser.add_argument("--max-unverified-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_UNVERIFIED_TOKENS", "256")),
+                        help="draft-only: unverified tokens that may run ahead of the verified output before waiting "
+                             "for a verifier again (default %(default)s)")
     parser.add_argument("--failover-deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_FAILOVER_DEADLINE", "30")),
                         help="seconds to keep looking for a usable verifier for a session (default %(default)s)")
     parser.add_argument("--ban", type=float, default=float(env("EDGESPEC_COORDINATOR_BAN", "0.5")),
@@ -96,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
     return CoordinatorConfig(a.host, a.port, a.drafter, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
                              a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.pipeline == "on",
-                             a.on_verifier_loss, a.failover_deadline, a.ban, a.max_ban, a.grace)
+                             a.on_verifier_loss, a.max_unverified_tokens, a.failover_deadline, a.ban, a.max_ban, a.grace)
 
 
 async def main(config: CoordinatorConfig) -> None:
@@ -113,10 +117,17 @@ async def main(config: CoordinatorConfig) -> None:
     endpoints = {address: GrpcVerifier(address, config.deadline_seconds) for address in config.verifiers}
     pool = VerifierPool(config.verifiers, config.ban_seconds, config.max_ban_seconds)
     verifier = FailoverVerifier(pool, endpoints, config.failover_deadline_seconds)
-    watchers = [asyncio.ensure_future(e.watch_health(pool.set_serving)) for e in endpoints.values()]
+
+    def health_changed(address: str, serving: bool) -> None:
+        if pool.endpoints[address].serving != serving:
+            log.info("verifier %s is %s", address, "SERVING" if serving else "not serving")
+        pool.set_serving(address, serving)
+
+    watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
     servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
                                    config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
-                                   config.auto_policy, config.pipeline, config.on_verifier_loss)
+                                   config.auto_policy, config.pipeline, config.on_verifier_loss,
+                                   config.max_unverified)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer))
     log.info("drafter %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s", config.drafter,
              ", ".join(config.verifiers), "auto" if config.window < 0 else config.window,

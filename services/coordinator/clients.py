@@ -19,12 +19,19 @@ from edgespec.verification import Verdict
 from edgespec.wire import dists_from_pb, params_to_pb, window_to_pb
 
 
+# Reconnect quickly after a peer restarts: grpc's default backoff (1 s, x1.6, up to
+# 120 s) can keep a channel down long after the peer is back; the verifier pool
+# does its own banning and backoff above this.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 class GrpcDrafter:
     def __init__(self, address: str, deadline_seconds: float, q_ids: int = 16):
         self.address = address
         self.q_ids = q_ids   # sampling: ids of q per position (0 = deterministic drafting, one-hot q)
         self._deadline = deadline_seconds
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
 
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
@@ -57,7 +64,7 @@ class GrpcVerifier:
     def __init__(self, address: str, deadline_seconds: float):
         self.address = address
         self._deadline = deadline_seconds
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
         self._streams: dict[str, _VerdictStream] = {}
 
@@ -105,7 +112,7 @@ class GrpcVerifier:
                 pass
             on_change(self.address, False)
             await asyncio.sleep(backoff)
-            backoff = min(2.0, backoff * 2)
+            backoff = min(0.5, backoff * 2)
 
     async def _call(self, method, request):
         try:
@@ -131,14 +138,20 @@ class _VerdictStream:
         self.address = address
         self.error: errors.EdgespecError | None = None
         self._waiting: dict[int, asyncio.Future] = {}
+        self._writing = asyncio.Lock()   # grpc allows one write at a time per call
         self._reader = asyncio.ensure_future(self._read())
 
     async def send(self, window: verifier_pb2.Window, deadline_seconds: float) -> verifier_pb2.Verdict:
         future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)   # its caller may have been cancelled meanwhile
         self._waiting[window.window_seq] = future
         try:
-            await self.call.write(window)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # Shielded: a caller cancelled mid-write (a dropped optimistic window) must not
+            # leave half a message on the stream that every later window queues behind.
+            write = asyncio.ensure_future(self._write(window))
+            write.add_done_callback(_retrieved)
+            await asyncio.shield(write)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             pass   # the reader sees the call's status and fails the future
         try:
             return await asyncio.wait_for(asyncio.shield(future), deadline_seconds)
@@ -146,6 +159,10 @@ class _VerdictStream:
             self._fail(errors.Unavailable(f"verifier {self.address}: no verdict within {deadline_seconds}s"))
             self.call.cancel()
             return await future   # raises the error just set
+
+    async def _write(self, window: verifier_pb2.Window) -> None:
+        async with self._writing:
+            await self.call.write(window)
 
     async def _read(self) -> None:
         try:
@@ -171,3 +188,9 @@ class _VerdictStream:
         self._fail(errors.Unavailable(f"verifier {self.address}: stream closed"))
         self.call.cancel()
         self._reader.cancel()
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark a future's exception as seen (asyncio logs unretrieved ones); its waiter handles it."""
+    if not future.cancelled():
+        future.exception()

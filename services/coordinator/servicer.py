@@ -29,7 +29,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: FailoverVerifier,
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
                  auto_max_window: int = 4, auto_policy: str = "goodput", pipeline: bool = False,
-                 on_verifier_loss: str = "fail"):
+                 on_verifier_loss: str = "fail", max_unverified: int = 256):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.verifier = verifier
@@ -41,6 +41,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.auto_policy = auto_policy           # "goodput" | "heuristic"
         self.pipeline = pipeline                 # draft ahead and send optimistic windows
         self.on_verifier_loss = on_verifier_loss # "fail" | "draft-only"
+        self.max_unverified = max_unverified     # draft-only: unverified tokens allowed ahead of verified ones
         self._info = None                        # a verifier's InfoResponse (vocabulary, EOS ids)
 
     async def Generate(self, request: pb.GenerateRequest, context):
@@ -78,7 +79,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             await self.verifier.open(session_id, session.committed, params)
             prefill = time.perf_counter() - started
             async for chunk in speculate(session, session_id, self.drafter, self.verifier, policy, params,
-                                         pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss):
+                                         pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss,
+                                         max_unverified=self.max_unverified):
                 if chunk.unverified:
                     unverified_text = unverified_text or TextStream(self.tokenizer)
                     piece = unverified_text.push(chunk.tokens)

@@ -5,6 +5,7 @@ test — pool, FailoverVerifier, round loops, engines — is real. Real processe
 killed in tests/rpc/test_chaos.py.
 """
 import asyncio
+import time
 
 import pytest
 
@@ -48,6 +49,9 @@ def test_pool_picks_least_loaded_and_bans_with_exponential_backoff():
     assert pool.pick() is None and pool.seconds_until_available() == pytest.approx(0.5)
     pool.set_serving("b", False)
     assert pool.seconds_until_available() is None
+    pool.ban("b")
+    pool.set_serving("b", True)              # back to SERVING (restarted): the ban is lifted
+    assert pool.pick() == "b"
     with pytest.raises(ValueError):
         VerifierPool([])
     with pytest.raises(ValueError):
@@ -185,20 +189,40 @@ def test_no_verifier_within_the_deadline_fails_or_degrades_visibly():
 
 def test_degraded_stream_resumes_verified_output_when_a_verifier_returns():
     target, draft = "tiny:6", "tiny:6~1"
-    clock = FakeClock()
-    a = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "a", fail_on={3, 4, 5})
-    pool = VerifierPool(["a"], base_backoff_seconds=30, clock=clock)
-    failover = FailoverVerifier(pool, {"a": a}, recovery_deadline_seconds=0.05)
+
+    class Outage(InProcessVerifier):
+        """Verify call 3 finds the verifier gone; it accepts sessions again 0.3 s later."""
+        def __init__(self, engine):
+            super().__init__(engine, "a")
+            self.calls, self.back_at = 0, None
+
+        async def open(self, session_id, tokens, params=None):
+            if self.back_at is not None and time.monotonic() < self.back_at:
+                raise Unavailable("a down")
+            await super().open(session_id, tokens, params)
+
+        async def verify(self, session_id, window):
+            self.calls += 1
+            if self.calls == 3:
+                self.back_at = time.monotonic() + 0.3
+                raise Unavailable("a crashed")
+            return await super().verify(session_id, window)
+
+    pool = VerifierPool(["a"], base_backoff_seconds=0.01, max_backoff_seconds=0.05)
+    failover = FailoverVerifier(pool, {"a": Outage(VerifierEngine(tiny(target), [TINY_EOS]))},
+                                recovery_deadline_seconds=0.2)
     events = []
+    engine = VerifierEngine(tiny(target), [TINY_EOS])
+    drafter = InProcessDrafter(DrafterEngine(tiny(draft)))
+    log = SessionLog(PROMPT, 40, frozenset({TINY_EOS}))
 
-    class Recovering(FailoverVerifier):
-        def reachable(self):
-            clock.now += 20   # time passes between degraded chunks; the ban (30 s) expires after two
-            return super().reachable()
-
-    failover.__class__ = Recovering
-    log = run(target, draft, PROMPT, 40, 2, verifier=failover, on_verifier_loss="draft-only", events=events)
-    assert log.finish_reason in ("eos", "length") and log.unverified == 0
+    async def go():
+        await failover.open("s", PROMPT, SamplingParams())
+        async for chunk in speculate(log, "s", drafter, failover, FixedWindow(2), on_verifier_loss="draft-only",
+                                     max_unverified=4):
+            events.append(chunk)
+    asyncio.run(go())
+    assert log.finish_reason in ("eos", "length") and log.unverified == 0 and log.stats.degraded == 1
     assert log.generated == target_only_greedy(target, PROMPT, 40)
     assert any(e.unverified for e in events)
     # The client's view: a verified chunk at position P replaces unverified tokens from P on.
