@@ -82,6 +82,9 @@ class _Rounds:
         # (0 at the start: opened on the first draft, so a down drafter only costs speed).
         self.drafter_down_until: float | None = 0.0
         self.next_seq = 0
+        # Pipelining: recent draft seconds per token and verify wall time (send to verdict), EMAs.
+        self.draft_per_token: float | None = None
+        self.verify_wall: float | None = None
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
                parent: int | None = None) -> Window:
@@ -126,6 +129,9 @@ class _Rounds:
         position = len(log_.generated)
         log_.stats.draft_seconds += draft_seconds
         log_.stats.verify_seconds += verify_seconds
+        if window.draft and draft_seconds > 0:
+            self.draft_per_token = _ema(self.draft_per_token, draft_seconds / len(window.draft))
+        self.verify_wall = _ema(self.verify_wall, verify_seconds)
         self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
         return Chunk(log_.commit(list(window.draft), verdict), position)
 
@@ -273,6 +279,10 @@ async def _draft_ahead(rounds: _Rounds, window: Window) -> _InFlight | None:
     if k == 0 or window.base_position != log_.position or any(t in log_.eos_ids for t in window.draft):
         return None
     k_next = min(rounds.policy.choose(), after_full - 1)
+    if rounds.draft_per_token and rounds.verify_wall:
+        # Draft only what fits in the in-flight window's shadow: a look-ahead still running when a
+        # missed verdict arrives would delay the redraft (the drafter does one thing at a time).
+        k_next = min(k_next, int(rounds.verify_wall / rounds.draft_per_token) - 1)
     if k_next < 1:
         return None
     started = time.perf_counter()
@@ -285,6 +295,10 @@ async def _draft_ahead(rounds: _Rounds, window: Window) -> _InFlight | None:
     follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])
     return _InFlight(follow, asyncio.ensure_future(rounds.verifier.verify(rounds.session_id, follow)),
                      time.perf_counter(), time.perf_counter() - started)
+
+
+def _ema(previous: float | None, value: float, weight: float = 0.3) -> float:
+    return value if previous is None else (1 - weight) * previous + weight * value
 
 
 def _forget(task: asyncio.Task) -> None:

@@ -84,6 +84,9 @@ def main() -> None:
     parser.add_argument("--windows", default="2,4", help="windows to try per mode; the best is reported (default %(default)s)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per category (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="tokens per generation (default %(default)s)")
+    parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
+                        help="drafter quantization (default %(default)s: int8 on CPU). int8's dynamic activation "
+                             "scales make drafts depend on how the cache was fed, a confound between modes")
     parser.add_argument("--json", type=Path, default=Path("bench-results/wan.json"))
     parser.add_argument("--md", type=Path, default=Path("bench-results/wan.md"))
     args = parser.parse_args()
@@ -97,7 +100,7 @@ def main() -> None:
     print(f"== cluster: verifier on cpu 1, drafter + coordinators on cpu 0, one torch thread each (logs {logs})",
           flush=True)
     results: list[dict] = []
-    with LocalCluster(logs, verifier_args=["--threads", "1"], drafter_args=["--threads", "1"],
+    with LocalCluster(logs, verifier_args=["--threads", "1"], drafter_args=["--threads", "1", "--quantize", args.quantize],
                       coordinator_args=["--pipeline", "off"], link=LinkProfile(),
                       verifier_cpus="1", edge_cpus="0") as cluster:
         proxy = cluster.proxies[0]
@@ -132,7 +135,7 @@ def main() -> None:
                 row[mode] = {"best_window": best, **tried[best], "all": tried}
             row["pipelined_over_blocking"] = row["pipelined"]["tok_s"] / row["blocking"]["tok_s"]
             results.append(row)
-    report = {"date": time.strftime("%Y-%m-%d"), "max_new_tokens": args.max_new_tokens,
+    report = {"date": time.strftime("%Y-%m-%d"), "max_new_tokens": args.max_new_tokens, "quantize": args.quantize,
               "prompts": [c for c, _ in prompts], "windows": windows, "results": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
