@@ -23,7 +23,7 @@ from typing import Mapping, Protocol, Sequence
 from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
 from edgespec.pool import VerifierPool
 from edgespec.sampling import SamplingParams
-from edgespec.speculation import Window
+from edgespec.rounds import Window
 from edgespec.verification import Verdict
 
 log = logging.getLogger(__name__)

@@ -21,166 +21,20 @@ streams unverified drafter tokens — flagged — until a verifier is back.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence
+from typing import AsyncIterator
 
-from edgespec.errors import Aborted, NotFound, Unavailable
-from edgespec.sampling import SamplingParams, SparseDist
+from edgespec.errors import Unavailable
+from edgespec.pipelining import pipelined
+from edgespec.rounds import Chunk, DrafterPort, Rounds, VerifierPort, Window, draft_window
+from edgespec.sampling import SamplingParams
 from edgespec.session import SessionLog
-from edgespec.verification import Verdict
 from edgespec.window import WindowPolicy
 
+__all__ = ["Chunk", "DrafterPort", "VerifierPort", "Window", "speculate"]
+
 log = logging.getLogger(__name__)
-
-DRAFTER_BACKOFF_SECONDS = 1.0   # target-only rounds after a drafter fault before trying it again
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    seq: int                       # caller's window number, echoed in the verdict
-    base_position: int             # committed position the draft starts at
-    draft: tuple[int, ...]         # proposed tokens (empty = one target-only step)
-    q: tuple[SparseDist, ...] = () # sampling drafters: the distribution of each draft token
-    params_fingerprint: int = 0    # SamplingParams.fingerprint() the draft was made with
-    parent: int | None = None      # optimistic: the assumed token at base_position - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    tokens: list[int]              # token ids, in order
-    position: int                  # index of tokens[0] among the generated tokens
-    unverified: bool = False       # drafter output no verifier checked (degraded mode)
-
-
-class DrafterPort(Protocol):
-    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
-    async def draft(self, session_id: str, base_position: int, append: Sequence[int],
-                    k: int) -> tuple[list[int], list[SparseDist] | None]: ...
-    async def close(self, session_id: str) -> None: ...
-
-
-class VerifierPort(Protocol):
-    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
-    async def verify(self, session_id: str, window: Window) -> Verdict | None:
-        """The verdict; None when an optimistic window's assumption did not hold."""
-    async def close(self, session_id: str) -> None: ...
-
-
-class _Rounds:
-    """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
-
-    def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                 policy: WindowPolicy, params: SamplingParams):
-        self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
-        self.policy, self.params = policy, params
-        self.fingerprint = params.fingerprint()
-        self.drafter_synced = log.position   # the drafter's first drafter_synced tokens are committed ones
-        # None while the drafter holds the session; else when to (re)open it there
-        # (0 at the start: opened on the first draft, so a down drafter only costs speed).
-        self.drafter_down_until: float | None = 0.0
-        self.next_seq = 0
-        # Pipelining: recent draft seconds per token and verify wall time (send to verdict), EMAs.
-        self.draft_per_token: float | None = None
-        self.verify_wall: float | None = None
-
-    def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
-               parent: int | None = None) -> Window:
-        self.next_seq += 1
-        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent)
-
-    async def draft(self, k: int, speculative: Sequence[int] = ()) -> tuple[list[int], list[SparseDist] | None] | None:
-        """k tokens after the committed prefix + ``speculative``; None if the drafter is down."""
-        if not await self._drafter_ready():
-            return None
-        log_ = self.log
-        append = log_.committed[self.drafter_synced:] + list(speculative)
-        try:
-            result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
-        except (Unavailable, NotFound, Aborted) as error:
-            log.warning("session %s: drafter fault (%s); target-only rounds for %.1fs",
-                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
-            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
-            return None
-        self.drafter_synced = log_.position
-        return result
-
-    async def _drafter_ready(self) -> bool:
-        if self.drafter_down_until is None:
-            return True
-        if time.monotonic() < self.drafter_down_until:
-            return False
-        try:
-            await self.drafter.open(self.session_id, self.log.committed, self.params)
-        except (Unavailable, NotFound, Aborted) as error:
-            log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
-                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
-            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
-            return False
-        log.info("session %s: drafter opened at position %d", self.session_id, self.log.position)
-        self.drafter_down_until = None
-        self.drafter_synced = self.log.position
-        return True
-
-    def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_seconds: float) -> Chunk:
-        log_ = self.log
-        position = len(log_.generated)
-        log_.stats.draft_seconds += draft_seconds
-        log_.stats.verify_seconds += verify_seconds
-        if window.draft and draft_seconds > 0:
-            self.draft_per_token = _ema(self.draft_per_token, draft_seconds / len(window.draft))
-        self.verify_wall = _ema(self.verify_wall, verify_seconds)
-        self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
-        return Chunk(log_.commit(list(window.draft), verdict), position)
-
-    async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
-        """No verifier: stream drafter tokens flagged unverified while looking for one.
-
-        A background probe keeps trying to re-open the session (each try waits up
-        to the verifier port's recovery deadline). The unverified run stops at
-        ``max_unverified`` tokens, a draft EOS or the budget; then we wait for
-        the probe once more. Verified output resumes as soon as a probe succeeds;
-        if none does, the generation ends "unverified".
-        """
-        log_ = self.log
-        provisional: list[int] = []
-        probe = asyncio.ensure_future(self._reopen())
-        try:
-            while (len(provisional) < max_unverified and not (provisional and provisional[-1] in log_.eos_ids)
-                   and len(log_.generated) + len(provisional) < log_.max_new_tokens):
-                if probe.done():
-                    if probe.result():
-                        return
-                    probe = asyncio.ensure_future(self._reopen())
-                k = min(4, log_.max_new_tokens - len(log_.generated) - len(provisional))
-                drafted = await self.draft(k, provisional)
-                if drafted is None:
-                    raise Unavailable("no verifier reachable and the drafter is down")
-                tokens = drafted[0]
-                if any(t in log_.eos_ids for t in tokens):
-                    tokens = tokens[:next(i for i, t in enumerate(tokens) if t in log_.eos_ids) + 1]
-                yield Chunk(tokens, len(log_.generated) + len(provisional), unverified=True)
-                provisional += tokens
-            for _ in range(2):    # the probe in flight, then one full wait after the run ended
-                if await probe:
-                    return
-                probe = asyncio.ensure_future(self._reopen())
-        finally:
-            probe.cancel()
-        log_.unverified = len(provisional)
-        log_.finish_reason = "unverified"
-
-    async def _reopen(self) -> bool:
-        """Re-open the session on a verifier with the committed prefix; False if none took it."""
-        try:
-            await self.verifier.open(self.session_id, self.log.committed, self.params)
-        except Unavailable:
-            return False
-        log.info("session %s: a verifier is back; verified output resumes at position %d",
-                 self.session_id, self.log.position)
-        return True
 
 
 async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
@@ -194,8 +48,8 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
     on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
     with at most ``max_unverified`` unverified tokens ahead of the verified ones.
     """
-    rounds = _Rounds(log_, session_id, drafter, verifier, policy, params)
-    loop = _pipelined if pipeline else _blocking
+    rounds = Rounds(log_, session_id, drafter, verifier, policy, params)
+    loop = pipelined if pipeline else _blocking
     while log_.finish_reason is None:
         try:
             async for chunk in loop(rounds):
@@ -209,100 +63,11 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
                 yield chunk
 
 
-async def _blocking(rounds: _Rounds) -> AsyncIterator[Chunk]:
+async def _blocking(rounds: Rounds) -> AsyncIterator[Chunk]:
     log_ = rounds.log
     while log_.finish_reason is None:
         k = log_.clamp_window(rounds.policy.choose())
-        window, draft_seconds = await _draft_window(rounds, k)
+        window, draft_seconds = await draft_window(rounds, k)
         started = time.perf_counter()
         verdict = await rounds.verifier.verify(rounds.session_id, window)
         yield rounds.commit(window, verdict, draft_seconds, time.perf_counter() - started)
-
-
-async def _draft_window(rounds: _Rounds, k: int) -> tuple[Window, float]:
-    started = time.perf_counter()
-    drafted = await rounds.draft(k) if k > 0 else None
-    draft, q = drafted if drafted is not None else ([], None)
-    return rounds.window(rounds.log.position, draft, q), (time.perf_counter() - started) if draft else 0.0
-
-
-@dataclass(slots=True)
-class _InFlight:
-    window: Window
-    verdict: asyncio.Task          # resolves to Verdict | None
-    sent: float                    # perf_counter when sent
-    draft_seconds: float
-
-
-async def _pipelined(rounds: _Rounds) -> AsyncIterator[Chunk]:
-    log_ = rounds.log
-    verifier, session_id = rounds.verifier, rounds.session_id
-    ahead: _InFlight | None = None   # an optimistic window whose assumption held so far
-    follow: _InFlight | None = None  # the optimistic window drafted during the current one
-    stats = log_.stats
-    try:
-        while log_.finish_reason is None:
-            if ahead is None:
-                window, draft_seconds = await _draft_window(rounds, log_.clamp_window(rounds.policy.choose()))
-                current = _InFlight(window, asyncio.ensure_future(verifier.verify(session_id, window)),
-                                    time.perf_counter(), draft_seconds)
-            else:
-                current, ahead = ahead, None
-            follow = await _draft_ahead(rounds, current.window)
-            verdict = await current.verdict
-            verify_seconds = time.perf_counter() - current.sent
-            if verdict is None:       # an optimistic window that lost its assumption (e.g. after a failover)
-                if follow is not None:
-                    _forget(follow.verdict)
-                continue
-            yield rounds.commit(current.window, verdict, current.draft_seconds, verify_seconds)
-            if follow is None:
-                continue
-            stats.optimistic_windows += 1
-            if verdict.accepted == len(current.window.draft) and verdict.next_token == follow.window.parent:
-                stats.optimistic_hits += 1
-                ahead = follow
-            else:
-                _forget(follow.verdict)
-            follow = None
-    finally:
-        for pending in (ahead, follow):
-            if pending is not None:
-                _forget(pending.verdict)
-
-
-async def _draft_ahead(rounds: _Rounds, window: Window) -> _InFlight | None:
-    """Draft and send window w+1 assuming ``window`` is fully accepted; None when that cannot help."""
-    log_ = rounds.log
-    k = len(window.draft)
-    after_full = log_.remaining - (k + 1)           # budget left if the window is fully accepted
-    if k == 0 or window.base_position != log_.position or any(t in log_.eos_ids for t in window.draft):
-        return None
-    k_next = min(rounds.policy.choose(), after_full - 1)
-    if rounds.draft_per_token and rounds.verify_wall:
-        # Draft only what fits in the in-flight window's shadow: a look-ahead still running when a
-        # missed verdict arrives would delay the redraft (the drafter does one thing at a time).
-        k_next = min(k_next, int(rounds.verify_wall / rounds.draft_per_token) - 1)
-    if k_next < 1:
-        return None
-    started = time.perf_counter()
-    drafted = await rounds.draft(k_next + 1, window.draft)   # the bonus guess, then window w+1
-    if drafted is None:
-        return None
-    tokens, q = drafted
-    if tokens[0] in log_.eos_ids:
-        return None
-    follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])
-    return _InFlight(follow, asyncio.ensure_future(rounds.verifier.verify(rounds.session_id, follow)),
-                     time.perf_counter(), time.perf_counter() - started)
-
-
-def _ema(previous: float | None, value: float, weight: float = 0.3) -> float:
-    return value if previous is None else (1 - weight) * previous + weight * value
-
-
-def _forget(task: asyncio.Task) -> None:
-    """Drop a verify call whose outcome no longer matters (a missed optimistic window:
-    the verifier discards it anyway). Cancelling also stops any recovery it began."""
-    task.cancel()
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from edgespec.sampling import SamplingParams, SparseDist
-from edgespec.speculation import Window
+from edgespec.rounds import Window
 from edgespec.v1 import common_pb2, verifier_pb2
 
 

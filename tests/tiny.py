@@ -8,7 +8,7 @@ import torch
 
 from edgespec.backends.registry import TINY_EOS, load_lm
 from edgespec.drafter_engine import DrafterEngine
-from edgespec.speculation import Window
+from edgespec.rounds import Window
 from edgespec.verification import Verdict
 from edgespec.verifier_engine import VerifierEngine
 

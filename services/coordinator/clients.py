@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edgespec import errors, rpc
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from edgespec.speculation import Window
+from edgespec.rounds import Window
 from edgespec.verification import Verdict
 from edgespec.wire import dists_from_pb, params_to_pb, window_to_pb
 

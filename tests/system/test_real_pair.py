@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from edge_client.client import generate
+from edgespec.tools.chaos import exactly_once, run_with_fault
 from edgespec.tools.cluster import REPO_ROOT, LocalCluster
 from edgespec.tools.prompts import PROMPTS
 
@@ -48,3 +49,19 @@ def test_real_pair_greedy_equals_target_only(reference, tmp_path):
             if window:
                 # The real draft agrees with the target most of the time on code.
                 assert stats.acceptance_rate > 0.5, stats
+
+
+def test_real_pair_verifier_killed_mid_generation_output_unchanged(reference, tmp_path):
+    """SIGKILL the only verifier (pipelined coordinator) a third of the way in, restart it: the session
+    waits, is re-opened with its committed prefix on the fresh process, and the output is unchanged.
+    The old process is dead before the new one loads, so the target is never loaded twice at once."""
+    with LocalCluster(tmp_path, coordinator_args=["--pipeline", "on", "--failover-deadline", "300",
+                                                  "--deadline", "120"]) as cluster:
+        def kill_and_restart():
+            cluster.kill(cluster.verifier)
+            cluster.restart(cluster.verifier)
+
+        chunks, stats, _ = run_with_fault(cluster.coordinator.address, PROMPTS[0][1], MAX_NEW, kill_and_restart,
+                                          MAX_NEW // 3, chat=True)
+    assert exactly_once(chunks, reference)
+    assert stats.failovers >= 1 and stats.pipelined

@@ -212,7 +212,6 @@ def test_degraded_stream_resumes_verified_output_when_a_verifier_returns():
     failover = FailoverVerifier(pool, {"a": Outage(VerifierEngine(tiny(target), [TINY_EOS]))},
                                 recovery_deadline_seconds=0.2)
     events = []
-    engine = VerifierEngine(tiny(target), [TINY_EOS])
     drafter = InProcessDrafter(DrafterEngine(tiny(draft)))
     log = SessionLog(PROMPT, 40, frozenset({TINY_EOS}))
 

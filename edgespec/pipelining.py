@@ -1,0 +1,93 @@
+"""The pipelined round loop (ARCHITECTURE.md §2).
+
+While window w is in flight, draft w+1 assuming w is fully accepted and its
+bonus token is the drafter's next guess, and send it at once as an optimistic
+window. If the verdict agrees, w+1 is already on its way (often already
+verified); if not, the verifier discards it and we redraft. Only what fits in
+the in-flight window's shadow is drafted ahead.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from edgespec.rounds import Chunk, Rounds, Window, draft_window
+
+@dataclass(slots=True)
+class _InFlight:
+    window: Window
+    verdict: asyncio.Task          # resolves to Verdict | None
+    sent: float                    # perf_counter when sent
+    draft_seconds: float
+
+
+async def pipelined(rounds: Rounds) -> AsyncIterator[Chunk]:
+    log_ = rounds.log
+    verifier, session_id = rounds.verifier, rounds.session_id
+    ahead: _InFlight | None = None   # an optimistic window whose assumption held so far
+    follow: _InFlight | None = None  # the optimistic window drafted during the current one
+    stats = log_.stats
+    try:
+        while log_.finish_reason is None:
+            if ahead is None:
+                window, draft_seconds = await draft_window(rounds, log_.clamp_window(rounds.policy.choose()))
+                current = _InFlight(window, asyncio.ensure_future(verifier.verify(session_id, window)),
+                                    time.perf_counter(), draft_seconds)
+            else:
+                current, ahead = ahead, None
+            follow = await _draft_ahead(rounds, current.window)
+            verdict = await current.verdict
+            verify_seconds = time.perf_counter() - current.sent
+            if verdict is None:       # an optimistic window that lost its assumption (e.g. after a failover)
+                if follow is not None:
+                    _forget(follow.verdict)
+                continue
+            yield rounds.commit(current.window, verdict, current.draft_seconds, verify_seconds)
+            if follow is None:
+                continue
+            stats.optimistic_windows += 1
+            if verdict.accepted == len(current.window.draft) and verdict.next_token == follow.window.parent:
+                stats.optimistic_hits += 1
+                ahead = follow
+            else:
+                _forget(follow.verdict)
+            follow = None
+    finally:
+        for pending in (ahead, follow):
+            if pending is not None:
+                _forget(pending.verdict)
+
+
+async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
+    """Draft and send window w+1 assuming ``window`` is fully accepted; None when that cannot help."""
+    log_ = rounds.log
+    k = len(window.draft)
+    after_full = log_.remaining - (k + 1)           # budget left if the window is fully accepted
+    if k == 0 or window.base_position != log_.position or any(t in log_.eos_ids for t in window.draft):
+        return None
+    k_next = min(rounds.policy.choose(), after_full - 1)
+    if rounds.draft_per_token and rounds.verify_wall:
+        # Draft only what fits in the in-flight window's shadow: a look-ahead still running when a
+        # missed verdict arrives would delay the redraft (the drafter does one thing at a time).
+        k_next = min(k_next, int(rounds.verify_wall / rounds.draft_per_token) - 1)
+    if k_next < 1:
+        return None
+    started = time.perf_counter()
+    drafted = await rounds.draft(k_next + 1, window.draft)   # the bonus guess, then window w+1
+    if drafted is None:
+        return None
+    tokens, q = drafted
+    if tokens[0] in log_.eos_ids:
+        return None
+    follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])
+    return _InFlight(follow, asyncio.ensure_future(rounds.verifier.verify(rounds.session_id, follow)),
+                     time.perf_counter(), time.perf_counter() - started)
+
+
+def _forget(task: asyncio.Task) -> None:
+    """Drop a verify call whose outcome no longer matters (a missed optimistic window:
+    the verifier discards it anyway). Cancelling also stops any recovery it began."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())

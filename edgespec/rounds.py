@@ -1,0 +1,181 @@
+"""What every round loop shares: windows, chunks, the two ports, and per-session round state.
+
+Rounds keeps what the drafter has seen, numbers windows, opens the drafter
+lazily and reopens it after a fault (target-only rounds meanwhile), commits
+verdicts into the session log and the window policy, and runs the degraded
+draft-only stream. The loops themselves live in edgespec.speculation (blocking)
+and edgespec.pipelining.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol, Sequence
+
+from edgespec.errors import Aborted, NotFound, Unavailable
+from edgespec.sampling import SamplingParams, SparseDist
+from edgespec.session import SessionLog
+from edgespec.verification import Verdict
+from edgespec.window import WindowPolicy
+
+log = logging.getLogger(__name__)
+
+DRAFTER_BACKOFF_SECONDS = 1.0   # target-only rounds after a drafter fault before trying it again
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    seq: int                       # caller's window number, echoed in the verdict
+    base_position: int             # committed position the draft starts at
+    draft: tuple[int, ...]         # proposed tokens (empty = one target-only step)
+    q: tuple[SparseDist, ...] = () # sampling drafters: the distribution of each draft token
+    params_fingerprint: int = 0    # SamplingParams.fingerprint() the draft was made with
+    parent: int | None = None      # optimistic: the assumed token at base_position - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    tokens: list[int]              # token ids, in order
+    position: int                  # index of tokens[0] among the generated tokens
+    unverified: bool = False       # drafter output no verifier checked (degraded mode)
+
+
+class DrafterPort(Protocol):
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
+    async def draft(self, session_id: str, base_position: int, append: Sequence[int],
+                    k: int) -> tuple[list[int], list[SparseDist] | None]: ...
+    async def close(self, session_id: str) -> None: ...
+
+
+class VerifierPort(Protocol):
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
+    async def verify(self, session_id: str, window: Window) -> Verdict | None:
+        """The verdict; None when an optimistic window's assumption did not hold."""
+    async def close(self, session_id: str) -> None: ...
+
+
+class Rounds:
+    """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
+
+    def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
+                 policy: WindowPolicy, params: SamplingParams):
+        self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
+        self.policy, self.params = policy, params
+        self.fingerprint = params.fingerprint()
+        self.drafter_synced = log.position   # the drafter's first drafter_synced tokens are committed ones
+        # None while the drafter holds the session; else when to (re)open it there
+        # (0 at the start: opened on the first draft, so a down drafter only costs speed).
+        self.drafter_down_until: float | None = 0.0
+        self.next_seq = 0
+        # Pipelining: recent draft seconds per token and verify wall time (send to verdict), EMAs.
+        self.draft_per_token: float | None = None
+        self.verify_wall: float | None = None
+
+    def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
+               parent: int | None = None) -> Window:
+        self.next_seq += 1
+        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent)
+
+    async def draft(self, k: int, speculative: Sequence[int] = ()) -> tuple[list[int], list[SparseDist] | None] | None:
+        """k tokens after the committed prefix + ``speculative``; None if the drafter is down."""
+        if not await self._drafter_ready():
+            return None
+        log_ = self.log
+        append = log_.committed[self.drafter_synced:] + list(speculative)
+        try:
+            result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
+        except (Unavailable, NotFound, Aborted) as error:
+            log.warning("session %s: drafter fault (%s); target-only rounds for %.1fs",
+                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
+            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+            return None
+        self.drafter_synced = log_.position
+        return result
+
+    async def _drafter_ready(self) -> bool:
+        if self.drafter_down_until is None:
+            return True
+        if time.monotonic() < self.drafter_down_until:
+            return False
+        try:
+            await self.drafter.open(self.session_id, self.log.committed, self.params)
+        except (Unavailable, NotFound, Aborted) as error:
+            log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
+                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
+            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+            return False
+        log.info("session %s: drafter opened at position %d", self.session_id, self.log.position)
+        self.drafter_down_until = None
+        self.drafter_synced = self.log.position
+        return True
+
+    def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_seconds: float) -> Chunk:
+        log_ = self.log
+        position = len(log_.generated)
+        log_.stats.draft_seconds += draft_seconds
+        log_.stats.verify_seconds += verify_seconds
+        if window.draft and draft_seconds > 0:
+            self.draft_per_token = _ema(self.draft_per_token, draft_seconds / len(window.draft))
+        self.verify_wall = _ema(self.verify_wall, verify_seconds)
+        self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
+        return Chunk(log_.commit(list(window.draft), verdict), position)
+
+    async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
+        """No verifier: stream drafter tokens flagged unverified while looking for one.
+
+        A background probe keeps trying to re-open the session (each try waits up
+        to the verifier port's recovery deadline). The unverified run stops at
+        ``max_unverified`` tokens, a draft EOS or the budget; then we wait for
+        the probe once more. Verified output resumes as soon as a probe succeeds;
+        if none does, the generation ends "unverified".
+        """
+        log_ = self.log
+        provisional: list[int] = []
+        probe = asyncio.ensure_future(self._reopen())
+        try:
+            while (len(provisional) < max_unverified and not (provisional and provisional[-1] in log_.eos_ids)
+                   and len(log_.generated) + len(provisional) < log_.max_new_tokens):
+                if probe.done():
+                    if probe.result():
+                        return
+                    probe = asyncio.ensure_future(self._reopen())
+                k = min(4, log_.max_new_tokens - len(log_.generated) - len(provisional))
+                drafted = await self.draft(k, provisional)
+                if drafted is None:
+                    raise Unavailable("no verifier reachable and the drafter is down")
+                tokens = drafted[0]
+                if any(t in log_.eos_ids for t in tokens):
+                    tokens = tokens[:next(i for i, t in enumerate(tokens) if t in log_.eos_ids) + 1]
+                yield Chunk(tokens, len(log_.generated) + len(provisional), unverified=True)
+                provisional += tokens
+            for _ in range(2):    # the probe in flight, then one full wait after the run ended
+                if await probe:
+                    return
+                probe = asyncio.ensure_future(self._reopen())
+        finally:
+            probe.cancel()
+        log_.unverified = len(provisional)
+        log_.finish_reason = "unverified"
+
+    async def _reopen(self) -> bool:
+        """Re-open the session on a verifier with the committed prefix; False if none took it."""
+        try:
+            await self.verifier.open(self.session_id, self.log.committed, self.params)
+        except Unavailable:
+            return False
+        log.info("session %s: a verifier is back; verified output resumes at position %d",
+                 self.session_id, self.log.position)
+        return True
+
+
+async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
+    started = time.perf_counter()
+    drafted = await rounds.draft(k) if k > 0 else None
+    draft, q = drafted if drafted is not None else ([], None)
+    return rounds.window(rounds.log.position, draft, q), (time.perf_counter() - started) if draft else 0.0
+
+
+def _ema(previous: float | None, value: float, weight: float = 0.3) -> float:
+    return value if previous is None else (1 - weight) * previous + weight * value
