@@ -32,11 +32,15 @@ class VerifierPool:
         self.clock = clock
 
     def available(self, exclude: Iterable[str] = ()) -> list[str]:
-        """Addresses that are serving and not banned, least loaded first (ties: configured order)."""
+        """Addresses not banned: serving ones first, then least loaded (ties: configured order).
+
+        Health orders, bans gate: a broken health watch says the watch is gone, not that
+        the verifier is (seen after connection resets), so a not-serving endpoint is still
+        tried when nothing better is left; a failed call bans it.
+        """
         now, skip = self.clock(), set(exclude)
-        ready = [e for e in self.endpoints.values()
-                 if e.serving and e.banned_until <= now and e.address not in skip]
-        return [e.address for e in sorted(ready, key=lambda e: e.sessions)]
+        ready = [e for e in self.endpoints.values() if e.banned_until <= now and e.address not in skip]
+        return [e.address for e in sorted(ready, key=lambda e: (not e.serving, e.sessions))]
 
     def pick(self, exclude: Iterable[str] = ()) -> str | None:
         ready = self.available(exclude)
@@ -63,11 +67,10 @@ class VerifierPool:
             endpoint.banned_until = 0.0
         endpoint.serving = serving
 
-    def seconds_until_available(self) -> float | None:
-        """How long until some endpoint's ban ends (0 = one is available now); None if none is serving."""
+    def seconds_until_available(self) -> float:
+        """How long until some endpoint's ban ends (0 = one is available now)."""
         now = self.clock()
-        waits = [max(0.0, e.banned_until - now) for e in self.endpoints.values() if e.serving]
-        return min(waits) if waits else None
+        return min(max(0.0, e.banned_until - now) for e in self.endpoints.values())
 
     def pin(self, address: str) -> None:
         self.endpoints[address].sessions += 1

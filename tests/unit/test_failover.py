@@ -45,11 +45,11 @@ def test_pool_picks_least_loaded_and_bans_with_exponential_backoff():
     pool.succeeded("b")
     assert pool.ban("b") == 0.5                                        # a success resets the backoff
     pool.set_serving("c", False)
-    pool.set_serving("a", False)
+    assert pool.available() == ["a", "c"]     # not serving: still tried, after the serving ones
+    pool.ban("a")
+    pool.ban("c")
     assert pool.pick() is None and pool.seconds_until_available() == pytest.approx(0.5)
     pool.set_serving("b", False)
-    assert pool.seconds_until_available() is None
-    pool.ban("b")
     pool.set_serving("b", True)              # back to SERVING (restarted): the ban is lifted
     assert pool.pick() == "b"
     with pytest.raises(ValueError):
