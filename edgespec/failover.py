@@ -47,7 +47,6 @@ class EndpointPort(Protocol):
 class FailoverStats:
     failovers: int = 0             # re-opens of a session (on another verifier or the same one)
     recovery_seconds: float = 0.0  # time spent re-opening, seconds
-    recoveries: list[float] = field(default_factory=list)   # each re-open's duration, seconds
 
 
 @dataclass(slots=True)
@@ -131,7 +130,6 @@ class FailoverVerifier:
             seconds = time.monotonic() - started
             pinned.stats.failovers += 1
             pinned.stats.recovery_seconds += seconds
-            pinned.stats.recoveries.append(seconds)
             log.info("session %s: re-opened on %s at position %d in %.3fs",
                      session_id, pinned.address, len(pinned.committed), seconds)
             if unreachable and old != pinned.address:

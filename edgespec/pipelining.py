@@ -65,7 +65,7 @@ async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
     log_ = rounds.log
     k = len(window.draft)
     after_full = log_.remaining - (k + 1)           # budget left if the window is fully accepted
-    if k == 0 or window.base_position != log_.position or any(t in log_.eos_ids for t in window.draft):
+    if k == 0 or any(t in log_.eos_ids for t in window.draft):
         return None
     k_next = min(rounds.policy.choose(), after_full - 1)
     if rounds.draft_per_token and rounds.verify_wall:

@@ -87,12 +87,15 @@ class Rounds:
         try:
             result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
         except (Unavailable, NotFound, Aborted) as error:
-            log.warning("session %s: drafter fault (%s); target-only rounds for %.1fs",
-                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
-            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+            self._drafter_fault(error)
             return None
         self.drafter_synced = log_.position
         return result
+
+    def _drafter_fault(self, error: Exception) -> None:
+        log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
+                    self.session_id, error, DRAFTER_BACKOFF_SECONDS)
+        self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
 
     async def _drafter_ready(self) -> bool:
         if self.drafter_down_until is None:
@@ -102,9 +105,7 @@ class Rounds:
         try:
             await self.drafter.open(self.session_id, self.log.committed, self.params)
         except (Unavailable, NotFound, Aborted) as error:
-            log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
-                        self.session_id, error, DRAFTER_BACKOFF_SECONDS)
-            self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+            self._drafter_fault(error)
             return False
         log.info("session %s: drafter opened at position %d", self.session_id, self.log.position)
         self.drafter_down_until = None

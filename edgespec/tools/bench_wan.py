@@ -30,6 +30,7 @@ from pathlib import Path
 from edge_client.client import generate
 from edgespec.tools.cluster import REPO_ROOT, LocalCluster, start_service
 from edgespec.tools.prompts import PROMPTS
+from edgespec.tools.report import percentile
 from edgespec.tools.wan import LinkProfile, grpc_health_rtt_ms
 
 
@@ -48,10 +49,6 @@ async def timed_generation(address: str, prompt: str, max_new_tokens: int, windo
             stats = event.stats
     return tokens, time.perf_counter() - started, gaps, stats
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def run_config(address: str, prompts, max_new: int, window: int) -> dict:

@@ -25,6 +25,7 @@ from typing import Callable
 
 from edge_client.client import generate, generate_resilient
 from edgespec.tools.cluster import LocalCluster, Service
+from edgespec.tools.report import percentile
 from edgespec.tools.wan import LinkProfile
 
 
@@ -93,10 +94,6 @@ def chaos_cluster(log_dir: Path, target: str, draft: str, *coordinator_args: str
                                           "--max-new-tokens", "400", "--deadline", "2", "--ban", "0.2",
                                           "--failover-deadline", "20", *coordinator_args])
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 class Fault:
