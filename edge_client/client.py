@@ -13,32 +13,42 @@ import grpc
 from edgespec.v1 import common_pb2
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
+from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
 
 
 async def generate(address: str, prompt: str, max_new_tokens: int, window: int = -1, chat: bool = True,
                    timeout_seconds: float | None = None, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int | None = None,
-                   resume_token_ids: Sequence[int] = ()) -> AsyncIterator[pb.GenerateResponse]:
+                   resume_token_ids: Sequence[int] = (),
+                   security: ClientSecurity = PLAINTEXT) -> AsyncIterator[pb.GenerateResponse]:
     """Yield the coordinator's events: TokenChunk messages, then one GenerationStats.
 
     temperature 0 is greedy; > 0 samples (losslessly) with top_k / top_p / seed.
     resume_token_ids: tokens an interrupted call with the same arguments already
     streamed (verified ones); the coordinator continues after them.
+    security: TLS / mutual TLS and the bearer token (default plaintext, no token).
     Raises grpc.aio.AioRpcError with the coordinator's status on failure.
     """
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if seed is not None:
         sampling.seed = seed
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address, security) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = pb.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens, window=window, chat=chat,
                                      sampling=sampling, resume_token_ids=resume_token_ids)
-        async for event in stub.Generate(request, timeout=timeout_seconds, wait_for_ready=True):
+        async for event in stub.Generate(request, timeout=timeout_seconds):
             yield event
 
 
 RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
                    grpc.StatusCode.INTERNAL)
+TLS_FAILURE_WORDS = ("handshake", "ssl", "certificate", "tls")   # in the details of a connection TLS refused
+
+
+def _retryable(error: grpc.aio.AioRpcError) -> bool:
+    """A dropped connection or a restarting coordinator: yes. A TLS failure: no, it will not heal by itself."""
+    details = (error.details() or "").lower()
+    return error.code() in RECONNECT_CODES and not any(word in details for word in TLS_FAILURE_WORDS)
 
 
 async def generate_resilient(address: str, prompt: str, max_new_tokens: int, reconnect_seconds: float = 60.0,
@@ -63,7 +73,7 @@ async def generate_resilient(address: str, prompt: str, max_new_tokens: int, rec
                 yield event
             return
         except grpc.aio.AioRpcError as error:
-            if error.code() not in RECONNECT_CODES:
+            if not _retryable(error):
                 raise
             broken_since = broken_since or time.monotonic()
             if time.monotonic() - broken_since > reconnect_seconds:

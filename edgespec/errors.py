@@ -31,8 +31,20 @@ class Aborted(EdgespecError):
 
 
 class ResourceExhausted(EdgespecError):
-    """Over a limit or overloaded: back off, or ask for less."""
+    """Over a limit or overloaded: back off (for ``retry_after_seconds`` when given), or ask for less."""
+
+    def __init__(self, message: str, retry_after_seconds: float | None = None):
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class Unavailable(EdgespecError):
     """A peer could not be reached: retry, possibly elsewhere."""
+
+
+class Unauthenticated(EdgespecError):
+    """No valid credentials: send a known bearer token (or client certificate)."""
+
+
+class PermissionDenied(EdgespecError):
+    """The caller is known but may not do this (e.g. touch another client's session)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -18,6 +18,7 @@ from edgespec import errors
 log = logging.getLogger(__name__)
 
 COMMITTED_POSITION_KEY = "committed-position"  # trailing metadata on ABORTED
+RETRY_AFTER_KEY = "retry-after-ms"              # trailing metadata on RESOURCE_EXHAUSTED, when known
 
 STATUS_OF: dict[type[errors.EdgespecError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -25,6 +26,8 @@ STATUS_OF: dict[type[errors.EdgespecError], grpc.StatusCode] = {
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -32,6 +35,8 @@ async def abort(context: grpc.aio.ServicerContext, error: errors.EdgespecError) 
     """End the RPC with the status for ``error`` (raises)."""
     if isinstance(error, errors.Aborted):
         context.set_trailing_metadata(((COMMITTED_POSITION_KEY, str(error.committed_position)),))
+    if isinstance(error, errors.ResourceExhausted) and error.retry_after_seconds is not None:
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(max(1, round(error.retry_after_seconds * 1000)))),))
     await context.abort(STATUS_OF.get(type(error), grpc.StatusCode.UNKNOWN), str(error))
 
 
@@ -47,17 +52,24 @@ def from_rpc_error(error: grpc.aio.AioRpcError, peer: str) -> errors.EdgespecErr
         return errors.NotFound(detail)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.ResourceExhausted(detail)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return errors.Unauthenticated(detail)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return errors.PermissionDenied(detail)
     return errors.Unavailable(f"{detail} ({code.name})")
 
 
 def create_server(host: str, port: int, register: Callable[[grpc.aio.Server], Iterable[str]],
-                  max_message_bytes: int = 4 << 20) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+                  max_message_bytes: int = 4 << 20, credentials: grpc.ServerCredentials | None = None,
+                  interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+                  ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
     """A grpc.aio server with standard health and reflection; returns (server, bound port, health).
 
     ``register`` adds the servicers and returns their full service names.
-    Port 0 binds a free port (tests).
+    Port 0 binds a free port (tests). With ``credentials`` the port speaks TLS only.
     """
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
+    server = grpc.aio.server(interceptors=list(interceptors),
+                             options=[("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.max_send_message_length", max_message_bytes)])
     names = list(register(server))
     health_servicer = health.HealthServicer()
@@ -65,7 +77,10 @@ def create_server(host: str, port: int, register: Callable[[grpc.aio.Server], It
     for name in [*names, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if credentials is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
     return server, bound, health_servicer

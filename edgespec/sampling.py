@@ -39,7 +39,8 @@ class SamplingParams:
 
     def fingerprint(self) -> int:
         """A 63-bit hash carried by every window, so both sides provably warp alike."""
-        raw = struct.pack("<dqdq", self.temperature, self.top_k, self.top_p, self.seed)
+        # seed is a uint64 on the wire: packed unsigned (the same bytes as signed below 2**63)
+        raw = struct.pack("<dqdQ", self.temperature, self.top_k, self.top_p, self.seed)
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
 
 
@@ -52,6 +53,10 @@ def check_params(params: SamplingParams) -> None:
         raise InvalidArgument("top_k", f"must be >= 0, got {params.top_k}")
     if not 0.0 < params.top_p <= 1.0:
         raise InvalidArgument("top_p", f"must be in (0, 1], got {params.top_p}")
+    if not 0 <= params.seed < 1 << 64:
+        raise InvalidArgument("seed", f"must be in [0, 2**64), got {params.seed}")
+    if not -1 << 31 <= params.top_k < 1 << 31:
+        raise InvalidArgument("top_k", f"must fit in 32 bits, got {params.top_k}")
 
 
 def uniform(seed: int, position: int, purpose: str) -> float:

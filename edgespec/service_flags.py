@@ -9,6 +9,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from edgespec.security import ServerSecurity
+
 
 @dataclass(frozen=True, slots=True)
 class ModelServiceConfig:
@@ -21,6 +23,7 @@ class ModelServiceConfig:
     max_window: int          # largest draft window handled, tokens
     max_session_tokens: int  # largest committed length of a session, tokens
     grace_seconds: float     # drain time on shutdown, seconds
+    security: ServerSecurity # TLS, auth, per-client limits
 
 
 class EnvDefaults:
@@ -48,9 +51,41 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
     parser.add_argument("--max-session-tokens", type=int, default=int(env("max-session-tokens", "8192")),
                         help="largest committed length of a session, tokens (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("grace", "5")), help="shutdown drain, seconds (default %(default)s)")
+    add_security_flags(parser, env)
     return parser
 
 
-def model_service_config(args: argparse.Namespace) -> ModelServiceConfig:
+def add_security_flags(parser: argparse.ArgumentParser, env: EnvDefaults) -> None:
+    """The server-side security flags every service takes."""
+    group = parser.add_argument_group("security", "TLS, mutual TLS, bearer tokens and per-client limits. Health and "
+                                      "reflection stay open (probes); every other call is checked.")
+    group.add_argument("--tls-cert", default=env("tls-cert", "") or None, help="PEM certificate chain: serve TLS only")
+    group.add_argument("--tls-key", default=env("tls-key", "") or None, help="PEM private key of --tls-cert")
+    group.add_argument("--tls-client-ca", default=env("tls-client-ca", "") or None,
+                       help="PEM CA: require client certificates it signed (mutual TLS); without --auth-tokens the "
+                            "certificate's common name is the client identity")
+    group.add_argument("--auth-tokens", default=env("auth-tokens", "") or None,
+                       help="file of 'IDENTITY TOKEN' lines: every call must carry 'authorization: Bearer TOKEN', and "
+                            "sessions are bound to the identity that opened them")
+    group.add_argument("--max-sessions-per-client", type=int, default=int(env("max-sessions-per-client", "64")),
+                       help="open sessions per client identity (default %(default)s)")
+    group.add_argument("--rate-limit", type=float, default=float(env("rate-limit", "0")),
+                       help="calls per second per client identity, 0 = unlimited; over it: RESOURCE_EXHAUSTED with a "
+                            "retry-after-ms hint (default %(default)s)")
+    group.add_argument("--rate-burst", type=int, default=int(env("rate-burst", "0")),
+                       help="calls a client may make at once, 0 = twice the rate (default %(default)s)")
+    group.add_argument("--max-message-bytes", type=int, default=int(env("max-message-bytes", str(4 << 20))),
+                       help="largest gRPC message, bytes (default %(default)s)")
+
+
+def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerSecurity:
+    try:
+        return ServerSecurity(args.tls_cert, args.tls_key, args.tls_client_ca, args.auth_tokens,
+                              args.max_sessions_per_client, args.rate_limit, args.rate_burst, args.max_message_bytes)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def model_service_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelServiceConfig:
     return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,
-                              args.max_window, args.max_session_tokens, args.grace)
+                              args.max_window, args.max_session_tokens, args.grace, security_config(parser, args))

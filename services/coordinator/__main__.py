@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass
 
 from edgespec import rpc
+from edgespec.security import ServerSecurity
+from edgespec.service_flags import EnvDefaults, add_security_flags, security_config
+from edgespec.transport import ClientSecurity, read_token
 
 log = logging.getLogger("edgespec.coordinator")
 
@@ -36,6 +39,8 @@ class CoordinatorConfig:
     ban_seconds: float         # first ban of a failed verifier; doubles per consecutive failure
     max_ban_seconds: float     # ban cap
     grace_seconds: float       # drain time on shutdown, seconds
+    security: ServerSecurity   # TLS, auth and per-client limits of our own port
+    upstream: ClientSecurity   # how we reach the drafter and the verifiers
 
 
 def window_arg(text: str) -> int:
@@ -94,13 +99,29 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--max-ban", type=float, default=float(env("EDGESPEC_COORDINATOR_MAX_BAN", "30")),
                         help="cap on the ban, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
+    add_security_flags(parser, EnvDefaults("EDGESPEC_COORDINATOR"))
+    upstream = parser.add_argument_group("upstream security", "how the coordinator reaches the drafter and the verifiers")
+    upstream.add_argument("--upstream-tls-ca", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TLS_CA") or None,
+                          help="PEM CA: connect with TLS, trusting this CA (default: plaintext)")
+    upstream.add_argument("--upstream-tls-cert", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TLS_CERT") or None,
+                          help="PEM certificate presented to them (mutual TLS)")
+    upstream.add_argument("--upstream-tls-key", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TLS_KEY") or None,
+                          help="PEM private key of --upstream-tls-cert")
+    upstream.add_argument("--upstream-token-file", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TOKEN_FILE") or None,
+                          help="file holding the bearer token sent to them (only over TLS or loopback)")
     a = parser.parse_args(argv)
+    try:
+        upstream_security = ClientSecurity(a.upstream_tls_ca, a.upstream_tls_cert, a.upstream_tls_key,
+                                           read_token(a.upstream_token_file))
+    except (OSError, ValueError) as error:
+        parser.error(f"upstream security: {error}")
     verifiers = tuple(v.strip() for v in a.verifier.split(",") if v.strip())
     if not verifiers or len(set(verifiers)) != len(verifiers):
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
     return CoordinatorConfig(a.host, a.port, a.drafter, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
                              a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.pipeline == "on",
-                             a.on_verifier_loss, a.max_unverified_tokens, a.failover_deadline, a.ban, a.max_ban, a.grace)
+                             a.on_verifier_loss, a.max_unverified_tokens, a.failover_deadline, a.ban, a.max_ban, a.grace,
+                             security_config(parser, a), upstream_security)
 
 
 async def main(config: CoordinatorConfig) -> None:
@@ -108,13 +129,15 @@ async def main(config: CoordinatorConfig) -> None:
 
     from edgespec.failover import FailoverVerifier
     from edgespec.pool import VerifierPool
+    from edgespec.security import SessionOwners, server_parts
     from edgespec.tokenizer import load_tokenizer
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
     from services.coordinator.servicer import CoordinatorServicer, register
 
     tokenizer = load_tokenizer(config.tokenizer)
-    drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids)
-    endpoints = {address: GrpcVerifier(address, config.deadline_seconds) for address in config.verifiers}
+    drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids, config.upstream)
+    endpoints = {address: GrpcVerifier(address, config.deadline_seconds, config.upstream)
+                 for address in config.verifiers}
     pool = VerifierPool(config.verifiers, config.ban_seconds, config.max_ban_seconds)
     verifier = FailoverVerifier(pool, endpoints, config.failover_deadline_seconds)
 
@@ -127,8 +150,10 @@ async def main(config: CoordinatorConfig) -> None:
     servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
                                    config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
                                    config.auto_policy, config.pipeline, config.on_verifier_loss,
-                                   config.max_unverified)
-    server, port, health = rpc.create_server(config.host, config.port, register(servicer))
+                                   config.max_unverified, SessionOwners(config.security.max_sessions_per_client))
+    credentials, interceptors = server_parts(config.security)
+    server, port, health = rpc.create_server(config.host, config.port, register(servicer),
+                                             config.security.max_message_bytes, credentials, interceptors)
     log.info("drafter %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s", config.drafter,
              ", ".join(config.verifiers), "auto" if config.window < 0 else config.window,
              "on" if config.pipeline else "off", config.on_verifier_loss)

@@ -15,6 +15,7 @@ from edgespec import errors, rpc
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from edgespec.rounds import Window
+from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
 from edgespec.verification import Verdict
 from edgespec.wire import dists_from_pb, params_to_pb, window_to_pb
 
@@ -27,11 +28,11 @@ CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconn
 
 
 class GrpcDrafter:
-    def __init__(self, address: str, deadline_seconds: float, q_ids: int = 16):
+    def __init__(self, address: str, deadline_seconds: float, q_ids: int = 16, security: ClientSecurity = PLAINTEXT):
         self.address = address
         self.q_ids = q_ids   # sampling: ids of q per position (0 = deterministic drafting, one-hot q)
         self._deadline = deadline_seconds
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(address, security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
 
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
@@ -61,10 +62,10 @@ class GrpcVerifier:
     """One verifier endpoint. One VerifyStream per session; verdicts are matched to
     windows by window_seq, so several windows can be in flight (pipelining)."""
 
-    def __init__(self, address: str, deadline_seconds: float):
+    def __init__(self, address: str, deadline_seconds: float, security: ClientSecurity = PLAINTEXT):
         self.address = address
         self._deadline = deadline_seconds
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(address, security, CHANNEL_OPTIONS)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
         self._streams: dict[str, _VerdictStream] = {}
 

@@ -13,6 +13,7 @@ from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailabl
 from edgespec.failover import FailoverVerifier
 from edgespec.limits import check_token_ids
 from edgespec.sampling import check_params
+from edgespec.security import SessionOwners, current_identity
 from edgespec.session import SessionLog
 from edgespec.speculation import speculate
 from edgespec.tokenizer import TextStream, Tokenizer
@@ -29,7 +30,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: FailoverVerifier,
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
                  auto_max_window: int = 4, auto_policy: str = "goodput", pipeline: bool = False,
-                 on_verifier_loss: str = "fail", max_unverified: int = 256):
+                 on_verifier_loss: str = "fail", max_unverified: int = 256,
+                 owners: SessionOwners | None = None):
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.verifier = verifier
@@ -43,8 +45,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.on_verifier_loss = on_verifier_loss # "fail" | "draft-only"
         self.max_unverified = max_unverified     # draft-only: unverified tokens allowed ahead of verified ones
         self._info = None                        # a verifier's InfoResponse (vocabulary, EOS ids)
+        self.owners = owners or SessionOwners(64) # generations in progress per client identity
 
     async def Generate(self, request: pb.GenerateRequest, context):
+        session_id = uuid.uuid4().hex
         try:
             window = self._check(request)
             params = params_from_pb(request.sampling, default_seed=secrets.randbits(63))
@@ -59,9 +63,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if len(resume) >= request.max_new_tokens or eos_ids.intersection(resume):
                 raise InvalidArgument("resume_token_ids", f"{len(resume)} tokens already finish the generation "
                                       f"(max_new_tokens {request.max_new_tokens}, or an EOS among them)")
+            self.owners.claim(session_id, current_identity())   # a generation slot of this client
         except EdgespecError as error:
             await rpc.abort(context, error)
-        session_id = uuid.uuid4().hex
         session = SessionLog(prompt, request.max_new_tokens, eos_ids, generated=resume)
         text = TextStream(self.tokenizer)
         text.push(resume)            # context for decoding what follows; the client has this text
@@ -93,6 +97,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
             await rpc.abort(context, error)
         finally:
+            self.owners.release(session_id)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafting)

@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
                              "a small acceptance cost; the output stays the target's. auto = int8 on a CPU in float32, "
                              "else none (default %(default)s)")
     args = parser.parse_args(argv)
-    return DrafterConfig(model_service_config(args), args.quantize)
+    return DrafterConfig(model_service_config(parser, args), args.quantize)
 
 
 async def main(config: DrafterConfig) -> None:
@@ -41,6 +41,7 @@ async def main(config: DrafterConfig) -> None:
 
     from edgespec.backends.registry import load_lm
     from edgespec.drafter_engine import DrafterEngine
+    from edgespec.security import SessionOwners, server_parts
     from edgespec.v1 import drafter_pb2 as pb
     from edgespec.worker import ModelWorker
     from services.drafter.servicer import DrafterServicer, register
@@ -60,8 +61,10 @@ async def main(config: DrafterConfig) -> None:
     engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
                                   backend="torch", device=str(model.device), dtype=model.placement.split(" ", 1)[1])
-    servicer = DrafterServicer(engine, worker, info)
-    server, port, health = rpc.create_server(config.host, config.port, register(servicer))
+    servicer = DrafterServicer(engine, worker, info, SessionOwners(config.security.max_sessions_per_client))
+    credentials, interceptors = server_parts(config.security)
+    server, port, health = rpc.create_server(config.host, config.port, register(servicer),
+                                             config.security.max_message_bytes, credentials, interceptors)
     log.info("draft %s on %s", model.name, model.placement)
     await rpc.serve(server, health, "drafter", f"{config.host}:{port}", config.grace_seconds)
     servicer.worker.shutdown()

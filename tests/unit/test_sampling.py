@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.sampling import (ACCEPT, DRAFT, RESIDUAL, SamplingParams, SparseDist, sample, truncate_to_sparse,
-                               uniform, verify_sampling, warp)
+                               check_params, uniform, verify_sampling, warp)
 from edgespec.verification import Verdict
 
 N = 100_000
@@ -153,3 +153,12 @@ def test_fingerprint_changes_with_every_field():
                 SamplingParams(0.7, 20, 0.95, 1), SamplingParams(0.7, 20, 0.9, 2)]
     assert len({base.fingerprint(), *(v.fingerprint() for v in variants)}) == 5
     assert base.fingerprint() == SamplingParams(0.7, 20, 0.9, 1).fingerprint()
+
+
+def test_fingerprint_takes_every_uint64_seed():
+    """Found by bench-fuzz: a seed >= 2**63 (valid on the wire, uint64) crashed the fingerprint."""
+    for seed in (0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1):
+        params = SamplingParams(0.7, 0, 1.0, seed)
+        check_params(params)
+        assert 0 <= params.fingerprint() < 1 << 63
+    assert SamplingParams(0.7, 0, 1.0, 1 << 63).fingerprint() != SamplingParams(0.7, 0, 1.0, 0).fingerprint()
