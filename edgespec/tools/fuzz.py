@@ -171,6 +171,7 @@ class Fuzzer:
     def __init__(self, cluster: LocalCluster):
         self.cluster = cluster
         self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)   # grpc.aio looks the loop up outside coroutines too
         self.channels = {name: self.loop.run_until_complete(self._channel(service.address))
                          for name, service in (("verifier", cluster.verifier), ("drafter", cluster.drafter),
                                                ("coordinator", cluster.coordinator))}
@@ -183,6 +184,7 @@ class Fuzzer:
     def close(self) -> None:
         for channel in self.channels.values():
             self.loop.run_until_complete(channel.close())
+        asyncio.set_event_loop(None)
         self.loop.close()
 
     async def _send(self, target: int, payloads: list[bytes]) -> tuple[grpc.StatusCode, str]:
