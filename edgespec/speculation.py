@@ -30,6 +30,7 @@ from edgespec.pipelining import pipelined
 from edgespec.rounds import Chunk, DrafterPort, Rounds, VerifierPort, Window, draft_window
 from edgespec.sampling import SamplingParams
 from edgespec.session import SessionLog
+from edgespec.telemetry import Telemetry
 from edgespec.window import WindowPolicy
 
 __all__ = ["Chunk", "DrafterPort", "VerifierPort", "Window", "speculate"]
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 
 async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
-                    on_verifier_loss: str = "fail", max_unverified: int = 256) -> AsyncIterator[Chunk]:
+                    on_verifier_loss: str = "fail", max_unverified: int = 256,
+                    telemetry: Telemetry | None = None) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -47,8 +49,9 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
     is opened on the first draft. The caller closes both.
     on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
     with at most ``max_unverified`` unverified tokens ahead of the verified ones.
+    telemetry: where each round is recorded (the policy may read the same object).
     """
-    rounds = Rounds(log_, session_id, drafter, verifier, policy, params)
+    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry)
     loop = pipelined if pipeline else _blocking
     while log_.finish_reason is None:
         try:

@@ -7,7 +7,7 @@ fully accepted window (*bonus*).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
 
@@ -15,6 +15,9 @@ from typing import Collection, Sequence
 class Verdict:
     accepted: int     # n, 0..k: draft tokens kept
     next_token: int   # the recovered or bonus token from the target
+    # Telemetry the verifier reports with a verdict (not part of its meaning: equality ignores them).
+    compute_seconds: float = field(default=0.0, compare=False)   # target forward + verification time
+    queue_depth: int = field(default=0, compare=False)           # windows waiting when this one started
 
     def committed(self, draft: Sequence[int]) -> list[int]:
         """The tokens this verdict commits: draft[:n] + [next_token]."""

@@ -26,7 +26,7 @@ class CoordinatorConfig:
     tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
     window: int                # default draft window k, tokens (0 = target-only, -1 = adaptive goodput policy)
     auto_max_window: int       # largest window the adaptive policy considers, tokens
-    auto_policy: str           # adaptive policy: "goodput" | "heuristic" (+2 / -1)
+    auto_policy: str           # adaptive policy: "goodput" | "heuristic" (+2 / -1) | "awc" (learned)
     max_window: int            # largest window a request may ask for, tokens
     max_new_tokens: int        # largest max_new_tokens a request may ask for, tokens
     max_prompt_tokens: int     # largest prompt after templating, tokens
@@ -72,9 +72,11 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--auto-max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_AUTO_MAX_WINDOW", "4")),
                         help="largest k the auto policy considers (default %(default)s)")
     parser.add_argument("--auto-policy", default=env("EDGESPEC_COORDINATOR_AUTO_POLICY", "goodput"),
-                        choices=["goodput", "heuristic"],
-                        help="the auto window policy: goodput (expected tokens/s from measured costs) or heuristic "
-                             "(+2 after a fully accepted window, -1 otherwise) (default %(default)s)")
+                        choices=["goodput", "heuristic", "awc"],
+                        help="the auto window policy: goodput (expected tokens/s from measured costs), heuristic "
+                             "(+2 after a fully accepted window, -1 otherwise) or awc (the learned adaptive window "
+                             "control: an MLP over RTT, acceptance, queue and cost telemetry, smoothed and held by "
+                             "hysteresis; weights in edgespec/awc_weights.json) (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")

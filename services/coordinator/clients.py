@@ -82,7 +82,8 @@ class GrpcVerifier:
         if stream is None or stream.error is not None:
             stream = self._streams[session_id] = _VerdictStream(self._stub.VerifyStream(), self.address)
         reply = await stream.send(window_to_pb(session_id, window), self._deadline)
-        return None if reply.discarded else Verdict(accepted=reply.accepted, next_token=reply.next_token)
+        return None if reply.discarded else Verdict(reply.accepted, reply.next_token, reply.verify_seconds,
+                                                    reply.queue_depth)
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

@@ -20,6 +20,8 @@ from edgespec.tokenizer import TextStream, Tokenizer
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
 from edgespec.wire import params_from_pb
+from edgespec.awc import AwcWindow
+from edgespec.telemetry import Telemetry
 from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
 from services.coordinator.clients import GrpcDrafter
 
@@ -71,7 +73,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         text.push(resume)            # context for decoding what follows; the client has this text
         unverified_text: TextStream | None = None
         started = time.perf_counter()
-        policy = self._policy(window)
+        telemetry = Telemetry()
+        policy = self._policy(window, telemetry)
         drafting = window != 0
         log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(prompt),
                  request.max_new_tokens, f" (resuming after {len(resume)})" if resume else "",
@@ -84,7 +87,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             prefill = time.perf_counter() - started
             async for chunk in speculate(session, session_id, self.drafter, self.verifier, policy, params,
                                          pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss,
-                                         max_unverified=self.max_unverified):
+                                         max_unverified=self.max_unverified, telemetry=telemetry):
                 if chunk.unverified:
                     unverified_text = unverified_text or TextStream(self.tokenizer)
                     piece = unverified_text.push(chunk.tokens)
@@ -107,9 +110,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                                                           position=len(session.generated)))
         seconds = time.perf_counter() - started
         stats = session.stats
-        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round",
-                 session_id, len(session.generated), seconds, len(session.generated) / seconds,
-                 stats.acceptance_rate, stats.mean_accepted_length)
+        link = telemetry.links.get(telemetry.last_link)
+        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round; "
+                 "link rtt %.1f ms (jitter %.1f), verifier queue %.2f", session_id, len(session.generated), seconds,
+                 len(session.generated) / seconds, stats.acceptance_rate, stats.mean_accepted_length,
+                 1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
         yield pb.GenerateResponse(stats=pb.GenerationStats(
             prompt_tokens=len(prompt), new_tokens=len(session.generated), rounds=stats.rounds,
             drafted_tokens=stats.drafted, accepted_tokens=stats.accepted, acceptance_rate=stats.acceptance_rate,
@@ -132,9 +137,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{self.max_window}, got {request.window}")
         return self.default_window if request.window == -1 else request.window
 
-    def _policy(self, window: int) -> WindowPolicy:
+    def _policy(self, window: int, telemetry: Telemetry) -> WindowPolicy:
         if window >= 0:
             return FixedWindow(window)
+        if self.auto_policy == "awc":     # reads the telemetry the round loop records
+            return AwcWindow(telemetry, max_k=self.auto_max_window, k=min(2, self.auto_max_window),
+                             feeds_telemetry=False)
         if self.auto_policy == "heuristic":
             return HeuristicWindow(k=min(2, self.auto_max_window), max_k=self.auto_max_window)
         return GoodputWindow(max_k=self.auto_max_window)

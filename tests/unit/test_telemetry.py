@@ -1,0 +1,143 @@
+"""Telemetry: per-round samples in, per-link RTT statistics, acceptance, costs and AWC features out."""
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.telemetry import FEATURE_NAMES, LinkStats, RoundSample, Telemetry
+
+
+def sample(k=2, n=1, draft=0.07, wall=0.5, compute=0.4, queue=0, link="v1", **kw):
+    return RoundSample(k, n, draft, wall, compute, queue, link, **kw)
+
+
+def test_rtt_is_the_round_trip_minus_the_verifiers_forward_time():
+    t = Telemetry(smoothing=0.5)
+    t.record(sample(wall=0.45, compute=0.40))
+    assert t.links["v1"].mean == pytest.approx(0.05)
+    t.record(sample(wall=0.55, compute=0.40))       # rtt 0.15
+    stats = t.links["v1"]
+    assert stats.mean == pytest.approx(0.10)        # 0.5 * 0.05 + 0.5 * 0.15
+    assert stats.jitter == pytest.approx(0.05)      # 0.5 * |0.15 - 0.05|
+    assert stats.trend == pytest.approx(0.025)      # 0.5 * (0.10 - 0.05)
+
+
+def test_rtt_trend_is_positive_while_the_link_slows_and_decays_when_it_settles():
+    t = Telemetry()
+    for rtt in [0.02] * 10 + [0.02 + 0.01 * i for i in range(1, 11)]:
+        t.record(sample(wall=0.4 + rtt, compute=0.4))
+    rising = t.links["v1"].trend
+    assert rising > 0.005
+    for _ in range(40):
+        t.record(sample(wall=0.5, compute=0.4))
+    assert abs(t.links["v1"].trend) < rising / 20
+
+
+def test_each_verifier_link_has_its_own_statistics():
+    t = Telemetry()
+    t.record(sample(wall=0.41, link="near"))
+    t.record(sample(wall=0.60, link="far"))
+    assert t.links["near"].mean == pytest.approx(0.01)
+    assert t.links["far"].mean == pytest.approx(0.20)
+    assert t.link_stats().mean == pytest.approx(0.20)      # the last link is the current one
+    assert t.link_stats("near").mean == pytest.approx(0.01)
+
+
+def test_rtt_percentiles_over_the_recent_window():
+    stats = LinkStats(window=100)
+    for ms in range(1, 201):       # only the last 100 (101..200 ms) are kept
+        stats.add(ms / 1000)
+    assert stats.percentile(50) == pytest.approx(0.150)
+    assert stats.percentile(99) == pytest.approx(0.199)
+    assert stats.percentile(0) == pytest.approx(0.101)
+    assert LinkStats().percentile(50) == 0.0
+
+
+def test_conditional_acceptance_updates_only_the_positions_that_were_judged():
+    t = Telemetry(max_k=4, smoothing=0.5, prior_alpha=0.5)
+    t.record(sample(k=4, n=1))     # position 0 accepted, 1 rejected, 2 and 3 never judged
+    assert t.alpha == [0.75, 0.25, 0.5, 0.5]
+    t.record(sample(k=2, n=2))     # a full window judges both positions
+    assert t.alpha == [0.875, 0.625, 0.5, 0.5]
+    assert t.expected_tokens(2) == pytest.approx(1 + 0.875 + 0.875 * 0.625)
+
+
+def test_acceptance_rate_and_per_token_estimate():
+    t = Telemetry(smoothing=1.0)          # no memory: the last round only
+    t.record(sample(k=4, n=2))            # 2 accepted of 3 judged (the third was rejected)
+    assert t.acceptance == pytest.approx(0.5)
+    assert t.alpha_per_token() == pytest.approx(2 / 3)
+    t.record(sample(k=4, n=4))
+    assert t.acceptance == 1.0 and t.alpha_per_token() == 1.0
+
+
+def test_target_only_rounds_leave_acceptance_and_draft_cost_alone():
+    t = Telemetry(smoothing=0.5)
+    t.record(sample(k=2, n=2, draft=0.08))
+    before = (list(t.alpha), t.acceptance, t.draft_per_token)
+    t.record(sample(k=0, n=0, draft=0.0, wall=0.45, compute=0.39))
+    assert (t.alpha, t.acceptance, t.draft_per_token) == before
+    assert t.verify_compute[0] == pytest.approx(0.39)
+    assert t.rounds == 2
+
+
+def test_costs_queue_and_time_per_output_token():
+    t = Telemetry(smoothing=0.5, queue_capacity=4)
+    t.record(sample(k=2, n=1, draft=0.08, wall=0.5, compute=0.4, queue=4))   # 2 tokens in 0.58 s
+    t.record(sample(k=4, n=3, draft=0.16, wall=0.8, compute=0.6, queue=0))   # 4 tokens in 0.96 s
+    assert t.draft_per_token == pytest.approx(0.04)
+    assert t.verify_compute == {2: pytest.approx(0.4), 4: pytest.approx(0.6)}
+    assert t.verify_slope_seconds() == pytest.approx(0.1)          # (0.6 - 0.4) / (4 - 2)
+    assert t.queue_last == 0 and t.queue_ema == pytest.approx(1.0)  # 0.5 * (0.5 * 4)
+    assert t.tpot == pytest.approx(0.5 * 0.29 + 0.5 * 0.24)
+
+
+def test_committed_and_round_seconds_override_the_defaults():
+    t = Telemetry(smoothing=1.0)
+    t.record(sample(k=2, n=1, committed=1, round_seconds=2.0))   # e.g. budget-truncated round
+    assert t.tpot == pytest.approx(2.0)
+
+
+def test_features_are_ordered_named_and_normalised_by_one_verifier_pass():
+    t = Telemetry(max_k=8, smoothing=1.0, queue_capacity=8)
+    t.record(sample(k=1, n=1, draft=0.04, wall=0.5, compute=0.4, queue=4))
+    t.record(sample(k=3, n=1, draft=0.12, wall=0.8, compute=0.6, queue=4))
+    f = t.features(prev_k=4)
+    assert len(f) == len(FEATURE_NAMES) == 11
+    named = dict(zip(FEATURE_NAMES, f))
+    ref = 0.4                                   # forward time of the smallest window measured (k = 1)
+    assert named["queue_util"] == pytest.approx(0.5)
+    assert named["acceptance"] == pytest.approx(1 / 3)
+    assert named["alpha"] == pytest.approx(0.5)        # 1 accepted of 2 judged
+    assert named["rtt_mean"] == pytest.approx(0.2 / ref)
+    assert named["rtt_jitter"] == pytest.approx(0.1 / ref)
+    assert named["rtt_trend"] == pytest.approx(0.1 / ref)
+    assert named["tpot"] == pytest.approx(0.92 / 2 / ref)
+    assert named["draft_cost"] == pytest.approx(0.04 / ref)
+    assert named["verify_slope"] == pytest.approx(0.1 / ref)
+    assert named["prev_k"] == 0.5
+    assert named["goodput_k"] == t.goodput_window() / 8
+
+
+def test_goodput_window_is_the_analytic_best_window_from_the_estimates():
+    t = Telemetry(max_k=4, smoothing=1.0, prior_alpha=0.9)
+    # forward 0.4 s at k = 0, 0.44 s at k = 4 (slope 0.01 s/token); draft 0.01 s/token; RTT 0.2 s
+    t.record(sample(k=0, n=0, draft=0.0, wall=0.6, compute=0.4))
+    t.record(sample(k=4, n=4, draft=0.04, wall=0.64, compute=0.44))
+    assert t.verify_estimate(2) == pytest.approx(0.42)
+    assert t.goodput_window() == 4       # alphas 1.0: 5 tokens for 0.68 s beats everything shorter
+    bad = Telemetry(max_k=4, smoothing=1.0)
+    bad.record(sample(k=4, n=0, draft=0.4, wall=0.4, compute=0.4))    # rejected at once, draft 0.1 s/token
+    assert bad.goodput_window() == 0
+
+
+def test_features_before_any_round_use_the_priors():
+    f = dict(zip(FEATURE_NAMES, Telemetry(prior_alpha=0.7).features(prev_k=2)))
+    assert f["acceptance"] == 0.7 and f["alpha"] == 0.7 and f["rtt_mean"] == 0.0 and f["prev_k"] == 0.25
+
+
+def test_telemetry_and_awc_import_no_torch_grpc_or_asyncio():
+    code = ("import sys, edgespec.telemetry, edgespec.awc; "
+            "bad = [m for m in ('torch', 'grpc', 'google.protobuf', 'asyncio') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

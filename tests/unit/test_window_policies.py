@@ -1,0 +1,163 @@
+"""Every window policy (fixed, heuristic, goodput, AWC) on the same synthetic traces.
+
+A trace is a seeded sequence of rounds: per-position Bernoulli acceptance, a draft cost per token,
+a verifier forward time by window size (this machine's CPU curve or a flat GPU-like one) and an RTT,
+each of which can change mid-trace. Every policy sees the same RoundSample through the real Telemetry.
+"""
+import random
+from dataclasses import dataclass, field
+
+from edgespec.awc import AwcWindow
+from edgespec.telemetry import RoundSample, Telemetry
+from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow
+
+MAX_K = 8
+# this machine: one target pass over 1/2/4/8 tokens = 1.0/1.0/1.7/2.3 x 390 ms; a window of k scores k + 1
+CPU = {0: 0.39, 1: 0.39, 2: 0.527, 3: 0.663, 4: 0.722, 5: 0.78, 6: 0.839, 7: 0.897, 8: 0.956}
+GPU = {k: 0.02 * (1 + 0.005 * k) for k in range(MAX_K + 1)}
+
+
+@dataclass
+class Trace:
+    alpha: float = 0.8          # per-token acceptance
+    draft: float = 0.035        # seconds per drafted token (int8 draft here)
+    verify: dict = field(default_factory=lambda: dict(CPU))   # window k -> forward seconds
+    rtt: float = 0.0            # seconds
+    seed: int = 1
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+
+
+def make(name, telemetry):
+    if name == "fixed":
+        return FixedWindow(2)
+    if name == "heuristic":
+        return HeuristicWindow(k=2, min_k=1, max_k=MAX_K)
+    if name == "goodput":
+        return GoodputWindow(max_k=MAX_K)
+    return AwcWindow(telemetry, max_k=MAX_K, feeds_telemetry=False)
+
+
+def run(policy, telemetry, trace, rounds):
+    chosen = []
+    for _ in range(rounds):
+        k = policy.choose()
+        n = 0
+        while n < k and trace.rng.random() < trace.alpha:
+            n += 1
+        compute = trace.verify[k]
+        sample = RoundSample(k, n, k * trace.draft, compute + trace.rtt, compute, 0, "v1")
+        telemetry.record(sample)
+        if isinstance(policy, AwcWindow):
+            policy.observe_sample(sample)
+        else:
+            policy.observe(k, n, sample.draft_seconds, sample.verify_wall_seconds)
+        chosen.append(k)
+    return chosen
+
+
+def fresh(name):
+    telemetry = Telemetry(max_k=MAX_K)
+    return make(name, telemetry), telemetry
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+def test_every_policy_stays_within_zero_and_max_k_on_a_wild_trace():
+    for name in ("fixed", "heuristic", "goodput", "awc"):
+        policy, telemetry = fresh(name)
+        trace = Trace(seed=3)
+        chosen = []
+        for phase in range(12):    # acceptance, RTT and cost jump around every 30 rounds
+            trace.alpha = [0.95, 0.05, 0.5][phase % 3]
+            trace.rtt = [0.0, 0.2, 0.05, 0.15][phase % 4]
+            trace.verify = CPU if phase % 2 else GPU
+            chosen += run(policy, telemetry, trace, 30)
+        assert all(0 <= k <= MAX_K for k in chosen), name
+        if name == "heuristic":
+            assert min(chosen) >= 1       # the heuristic never stops drafting
+
+
+# -- reaction to an acceptance drop -----------------------------------------------------------------
+
+def test_adaptive_policies_shrink_the_window_when_acceptance_drops():
+    for name in ("heuristic", "goodput", "awc"):
+        policy, telemetry = fresh(name)
+        trace = Trace(alpha=0.95, verify=GPU, draft=0.004, rtt=0.05)
+        before = mean(run(policy, telemetry, trace, 80)[-20:])
+        trace.alpha = 0.1
+        after = mean(run(policy, telemetry, trace, 80)[-20:])
+        assert before >= 3 and after <= 2.0, (name, before, after)   # the best window is now 1
+
+
+def test_fixed_window_ignores_an_acceptance_drop():
+    policy, telemetry = fresh("fixed")
+    trace = Trace(alpha=0.95)
+    assert set(run(policy, telemetry, trace, 20)) == {2}
+    trace.alpha = 0.0
+    assert set(run(policy, telemetry, trace, 20)) == {2}
+
+
+# -- reaction to an RTT jump ------------------------------------------------------------------------
+
+def test_goodput_and_awc_draft_longer_windows_after_the_rtt_jumps():
+    # a GPU-like verifier (20 ms, flat) and a 10 ms/token draft: at RTT 0 one or two tokens are best;
+    # at 200 ms each round is dear and the best window is 6-8
+    for name in ("goodput", "awc"):
+        policy, telemetry = fresh(name)
+        trace = Trace(alpha=0.7, draft=0.01, verify=GPU, rtt=0.0, seed=5)
+        before = mean(run(policy, telemetry, trace, 120)[-30:])
+        trace.rtt = 0.2
+        after = mean(run(policy, telemetry, trace, 120)[-30:])
+        assert before <= 2.5 and after >= before + 2, (name, before, after)
+
+
+def test_heuristic_does_not_see_the_rtt():
+    runs = []
+    for rtt in (0.0, 0.4):
+        policy, telemetry = fresh("heuristic")
+        runs.append(run(policy, telemetry, Trace(alpha=0.7, rtt=rtt, seed=5), 60))
+    assert runs[0] == runs[1]
+
+
+# -- hysteresis (AWC) -------------------------------------------------------------------------------
+
+def test_awc_holds_its_window_on_a_steady_trace():
+    policy, telemetry = fresh("awc")
+    chosen = run(policy, telemetry, Trace(alpha=0.8, seed=2), 200)[50:]
+    switches = sum(a != b for a, b in zip(chosen, chosen[1:]))
+    assert switches <= 3, chosen
+
+
+def test_awc_switches_less_often_than_the_heuristic():
+    counts = {}
+    for name in ("heuristic", "awc"):
+        policy, telemetry = fresh(name)
+        chosen = run(policy, telemetry, Trace(alpha=0.6, seed=4), 300)
+        counts[name] = sum(a != b for a, b in zip(chosen, chosen[1:]))
+    assert counts["awc"] * 5 <= counts["heuristic"], counts
+
+
+# -- k = 0 when speculation cannot pay --------------------------------------------------------------
+
+def test_goodput_and_awc_fall_back_to_target_only_when_nothing_is_accepted():
+    # fp32 draft on this CPU (120 ms per token) and no acceptance: every drafted token is a loss
+    for name in ("goodput", "awc"):
+        policy, telemetry = fresh(name)
+        tail = run(policy, telemetry, Trace(alpha=0.0, draft=0.12), 150)[-50:]
+        assert tail.count(0) >= 44, (name, tail)     # target-only, apart from the occasional probe
+        assert set(tail) <= {0, 1}, (name, tail)
+
+
+def test_goodput_and_awc_leave_target_only_mode_when_acceptance_recovers():
+    for name in ("goodput", "awc"):
+        policy, telemetry = fresh(name)
+        trace = Trace(alpha=0.0, draft=0.12, verify=GPU, rtt=0.05)
+        assert run(policy, telemetry, trace, 80)[-10:].count(0) >= 8, name
+        trace.alpha, trace.draft = 0.9, 0.005
+        assert mean(run(policy, telemetry, trace, 150)[-20:]) >= 3, name
