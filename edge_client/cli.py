@@ -31,6 +31,7 @@ TOOLS = {
     "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
     "bench-chaos": ("edgespec.tools.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times"),
     "bench-fuzz": ("edgespec.tools.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests"),
+    "bench-policy": ("edgespec.tools.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them"),
     "sim": ("edgespec.tools.sim", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots"),
     "train-awc": ("edgespec.tools.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights"),
     "dev-certs": ("edgespec.tools.devcerts", "write a development CA, server and client certificates, and bearer tokens"),
