@@ -1,0 +1,65 @@
+# edgespec cloud image: the verifier (target model, per-session KV caches).
+#
+#   docker build -f docker/cloud.Dockerfile -t edgespec-cloud:0.1.0 .
+#   docker run --rm -p 50061:50061 -v ~/.cache/edgespec:/var/cache/edgespec:ro edgespec-cloud:0.1.0
+#
+# BASE_IMAGE: the official python:3.11-slim-bookworm where a registry is reachable; a machine without one
+# builds a local base with docker/build-base.sh (Debian bookworm rootfs with the dependencies already in
+# /opt/edgespec) and passes --build-arg BASE_IMAGE=edgespec-base:bookworm. Then every pip step below finds
+# its requirement satisfied and the build needs no network.
+# The models are not in the image: mount a model cache ($EDGESPEC_CACHE/models, filled by
+# `edgespec prepare-models` / `python -m edgespec.tools.prepare`) at /var/cache/edgespec.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+
+# torch is pinned to the CPU build (the PyPI default pulls multi-GB CUDA wheels); pip takes 2.13.0+cpu
+# from this index. A GPU host swaps the index (e.g. .../whl/cu128) and runs with --device cuda.
+# Dropped from torch in the same layer (nothing here uses them): C++ headers, C++ test binaries, protoc.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV VIRTUAL_ENV=/opt/edgespec \
+    PATH=/opt/edgespec/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    EDGESPEC_CACHE=/var/cache/edgespec \
+    HF_HOME=/tmp/hf \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    EDGESPEC_VERIFIER_HOST=0.0.0.0 \
+    EDGESPEC_VERIFIER_PORT=50061 \
+    EDGESPEC_HEALTH_ADDR=127.0.0.1:50061
+
+RUN set -eux; \
+    [ -x /opt/edgespec/bin/python ] || python3 -m venv /opt/edgespec; \
+    pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" "torch==2.13.0" "setuptools>=68"; \
+    site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+    rm -rf "$site/torch/test" "$site/torch/include" "$site"/torch/bin/test_* "$site"/torch/bin/*Test "$site"/torch/bin/protoc*; \
+    getent group 10001 >/dev/null || groupadd --gid 10001 edgespec; \
+    getent passwd 10001 >/dev/null || useradd --uid 10001 --gid 10001 --home-dir /home/edgespec --create-home \
+        --shell /usr/sbin/nologin edgespec; \
+    mkdir -p /var/cache/edgespec/models; \
+    chown -R 10001:10001 /var/cache/edgespec
+
+COPY pyproject.toml README.md /opt/edgespec-src/
+COPY edgespec /opt/edgespec-src/edgespec
+COPY services /opt/edgespec-src/services
+COPY edge_client /opt/edgespec-src/edge_client
+# The pinned dependencies come from pyproject.toml; --no-build-isolation uses the setuptools above. Installed
+# in place (-e) from root-owned /opt/edgespec-src, so data files next to the modules (JSON weights, scenarios)
+# are there exactly as in the tree, whatever the package-data settings.
+RUN set -eux; \
+    pip install --no-cache-dir --no-build-isolation -e /opt/edgespec-src; \
+    python -c "import torch, transformers, grpc, edgespec, services, edge_client; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+
+USER 10001:10001
+WORKDIR /home/edgespec
+VOLUME ["/var/cache/edgespec"]
+EXPOSE 50061
+
+# gRPC health (grpc.health.v1, service ""): exit 0 only when SERVING. EDGESPEC_HEALTH_TLS_CA (and _CERT,
+# _KEY, _NAME for mutual TLS / the certificate's name) switch the probe to TLS; health needs no token.
+HEALTHCHECK --interval=15s --timeout=6s --start-period=300s --retries=3 \
+    CMD ["python", "-c", "import os,sys,grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; e=os.environ.get; a=e('EDGESPEC_HEALTH_ADDR','127.0.0.1:50061'); r=lambda p: open(p,'rb').read() if p else None; c=grpc.secure_channel(a, grpc.ssl_channel_credentials(r(e('EDGESPEC_HEALTH_TLS_CA')), r(e('EDGESPEC_HEALTH_TLS_KEY')), r(e('EDGESPEC_HEALTH_TLS_CERT'))), [('grpc.ssl_target_name_override', e('EDGESPEC_HEALTH_TLS_NAME','localhost'))]) if e('EDGESPEC_HEALTH_TLS_CA') else grpc.insecure_channel(a); sys.exit(g.HealthStub(c).Check(h.HealthCheckRequest(service=''), timeout=5).status != h.HealthCheckResponse.SERVING)"]
+
+ENTRYPOINT ["python", "-m", "services.verifier"]
+CMD []
