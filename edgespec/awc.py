@@ -87,6 +87,8 @@ class AwcWindow:
     mode_hold_rounds: int = 6      # rounds to enter or leave k = 0
     probe_every: int = 16          # target-only rounds between single-token probes
     feeds_telemetry: bool = True
+    explore: bool = True           # try each window never measured once (see _unmeasured)
+    explore_min_alpha: float = 0.3 # ... only while drafts are accepted at least this often per token
     smoothed: float | None = None  # EMA of the clamped prediction
     raw: float = 0.0               # last clamped prediction
     _streak: int = 0               # consecutive rounds the switch condition held
@@ -96,7 +98,25 @@ class AwcWindow:
     def choose(self) -> int:
         if self.k == 0 and self._idle_rounds >= self.probe_every and self.max_k > 0:
             return 1
+        unmeasured = self._unmeasured()
+        if unmeasured is not None:
+            return unmeasured
         return min(self.k, self.max_k)
+
+    def _unmeasured(self) -> int | None:
+        """Exploration: while speculating and drafts are being accepted, try once each window whose
+        verifier cost was never measured. A verifier's cost by window need not grow with the window
+        (measured on a 2-core CPU: 3 tokens slower than 4), so a slope fitted to small windows can keep
+        the model from ever trying the window that is fastest. With costs inherited across sessions
+        (Telemetry.inherit_costs) this costs a few rounds once per coordinator."""
+        measured = self.telemetry.verify_compute
+        if (not self.explore or not measured or self.k == 0     # no costs reported: nothing to learn by trying
+                or self.telemetry.alpha_per_token() < self.explore_min_alpha):
+            return None
+        for k in range(1, self.max_k + 1):
+            if k not in measured:
+                return k
+        return None
 
     def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         if self.feeds_telemetry:

@@ -148,6 +148,19 @@ class Telemetry:
         for j in range(min(n + 1, k, self.max_k)):     # positions that were actually judged
             self.alpha[j] = (1 - s) * self.alpha[j] + s * (1.0 if j < n else 0.0)
 
+    def inherit_costs(self, other: "Telemetry") -> None:
+        """Take ``other``'s cost estimates (links, draft and verify costs, queue, TPOT), not its acceptance.
+
+        Costs belong to the deployment, acceptance to the text: a coordinator keeps one Telemetry of what
+        earlier sessions measured and starts each session from its costs, so a short generation does not
+        begin blind (and windows measured once need not be measured again)."""
+        self.links = {name: LinkStats(link.smoothing, link.window, link.mean, link.jitter, link.trend, link.count,
+                                      deque(link.recent)) for name, link in other.links.items()}
+        self.last_link = other.last_link
+        self.draft_per_token = other.draft_per_token
+        self.verify_compute = dict(other.verify_compute)
+        self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
+
     # -- estimates -------------------------------------------------------------------------------
 
     def alpha_per_token(self) -> float:

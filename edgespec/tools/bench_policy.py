@@ -109,10 +109,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rtts", default="0,20,50,100", help="link RTTs, ms (default %(default)s)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per regime (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="tokens per generation (default %(default)s)")
+    parser.add_argument("--configs", default="1,2,3,4,goodput,heuristic,awc",
+                        help="fixed windows and policies to run; the simulator's error needs all of 1,2,3,4 "
+                             "(default %(default)s)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (a smoke test of the tool)")
     parser.add_argument("--json", type=Path, default=Path("bench-results/policy.json"))
     args = parser.parse_args(argv)
     rtts = [float(r) for r in args.rtts.split(",")]
+    configs = [c.strip() for c in args.configs.split(",")]
+    fixed = [int(c) for c in configs if c.isdigit()]
+    adaptive = [c for c in configs if not c.isdigit()]
+    if set(adaptive) - set(ADAPTIVE):
+        parser.error(f"--configs: policies are {', '.join(ADAPTIVE)}")
+    fidelity = set(FIXED) <= set(fixed)
     if rtts[0] != 0:
         parser.error("--rtts must start with 0 (the calibration run)")
     regimes = {c: [p for cat, p in PROMPTS if cat == c][:args.per_category] for c in ("code", "chat")}
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         models = (["--threads", "1"], ["--threads", "1"], [])
     logs = Path(tempfile.mkdtemp(prefix="edgespec-bench-policy-"))
     report = {"date": time.strftime("%Y-%m-%d"), "tiny": args.tiny, "max_new_tokens": args.max_new_tokens,
-              "prompts": regimes, "results": []}
+              "prompts": regimes, "configs": configs, "results": []}
     with LocalCluster(logs, verifier_args=models[0], drafter_args=models[1],
                       coordinator_args=[*models[2], "--window", "auto", "--auto-policy", "goodput"],
                       link=LinkProfile(), verifier_cpus="1", edge_cpus="0") as cluster:
@@ -145,17 +154,17 @@ def main(argv: list[str] | None = None) -> None:
             rows: dict = {}
             for regime, prompts in regimes.items():
                 rows[regime] = {}
-                for k in FIXED:
+                for k in fixed:
                     rows[regime][k] = run(coordinators["goodput"], prompts, args.max_new_tokens, k, not args.tiny)
-                for policy in ADAPTIVE:
+                for policy in adaptive:
                     rows[regime][policy] = run(coordinators[policy], prompts, args.max_new_tokens, -1, not args.tiny)
                 line = ", ".join(f"{name}={r['tok_s']:.2f}" for name, r in rows[regime].items())
                 print(f"rtt {rtt:g} ms (measured {measured:.1f}) {regime}: {line}", flush=True)
-            if profile is None:
+            if profile is None and fidelity:
                 profile = calibrate(rows, measured)
                 report["profile"] = profile
                 print(f"calibrated: {json.dumps(profile)}", flush=True)
-            for regime in rows:
+            for regime in rows if fidelity else ():
                 for k in FIXED:
                     predicted = simulate(profile, profile["alpha"][regime], measured, k, len(regimes[regime]),
                                          args.max_new_tokens)
@@ -172,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def markdown(report: dict) -> str:
-    names = [str(k) for k in FIXED] + list(ADAPTIVE)
+    names = report.get("configs") or [str(k) for k in FIXED] + list(ADAPTIVE)
     out = ["| RTT ms | regime | " + " | ".join(f"k={n}" if n.isdigit() else n for n in names) +
            " | best adaptive vs best fixed |", "|---" * (len(names) + 3) + "|"]
     errors = []
@@ -180,9 +189,9 @@ def markdown(report: dict) -> str:
         for regime, rows in result["rows"].items():
             best_fixed = max(rows[n]["tok_s"] for n in names if n.isdigit())
             cells = [f"{rows[n]['tok_s']:.2f} ({rows[n]['tpot_p50_ms']:.0f}/{rows[n]['tpot_p99_ms']:.0f})" for n in names]
-            gains = ", ".join(f"{p} {rows[p]['tok_s'] / best_fixed - 1:+.0%}" for p in ADAPTIVE)
+            gains = ", ".join(f"{p} {rows[p]['tok_s'] / best_fixed - 1:+.0%}" for p in names if not p.isdigit())
             out.append(f"| {result['rtt_ms']:g} | {regime} | " + " | ".join(cells) + f" | {gains} |")
-            errors += [(result["rtt_ms"], regime, n, rows[n]) for n in names if n.isdigit()]
+            errors += [(result["rtt_ms"], regime, n, rows[n]) for n in names if n.isdigit() and "tok_s_error" in rows[n]]
     out += ["", "tokens/s (TPOT p50/p99 ms). Simulator error (DSD-Sim with the profile calibrated at RTT 0):", "",
             "| RTT ms | regime | k | real tok/s | sim tok/s | tok/s error | real round ms | sim round ms | round error |",
             "|---|---|---|---|---|---|---|---|---|"]

@@ -48,6 +48,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.max_unverified = max_unverified     # draft-only: unverified tokens allowed ahead of verified ones
         self._info = None                        # a verifier's InfoResponse (vocabulary, EOS ids)
         self.owners = owners or SessionOwners(64) # generations in progress per client identity
+        self.costs = Telemetry()                 # costs measured by earlier sessions (links, draft, verify by window)
 
     async def Generate(self, request: pb.GenerateRequest, context):
         session_id = uuid.uuid4().hex
@@ -74,6 +75,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         unverified_text: TextStream | None = None
         started = time.perf_counter()
         telemetry = Telemetry()
+        telemetry.inherit_costs(self.costs)   # start from what earlier sessions measured; acceptance starts fresh
         policy = self._policy(window, telemetry)
         drafting = window != 0
         log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(prompt),
@@ -101,6 +103,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             await rpc.abort(context, error)
         finally:
             self.owners.release(session_id)
+            if telemetry.rounds:
+                self.costs.inherit_costs(telemetry)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafting)

@@ -134,3 +134,42 @@ def test_shipped_model_stops_speculating_when_nothing_is_accepted():
 def test_shipped_model_picks_a_short_window_on_this_cpu_for_code():
     # this machine's int8 draft (35 / 390 ms) and CPU curve (slope ~0.19 pass per token), RTT 0
     assert 0.5 <= load_model()(_features(alpha=0.8, draft=0.09, rtt=0.0, slope=0.19, goodput_k=1)) <= 3.0
+
+
+def test_awc_tries_each_unmeasured_window_once_when_the_verifier_reports_costs():
+    """Measured on the real services: a 3-token pass cost more than a 4-token one, and AWC without
+    exploration never left k = 1. It now tries every window whose cost it has not seen, once."""
+    from edgespec.awc import AwcWindow
+    from edgespec.telemetry import RoundSample, Telemetry
+
+    telemetry = Telemetry(max_k=4)
+    policy = AwcWindow(telemetry, max_k=4, feeds_telemetry=False)
+    costs = {0: 0.69, 1: 0.69, 2: 0.92, 3: 0.62, 4: 0.66}
+    tried = []
+    for _ in range(12):
+        k = policy.choose()
+        tried.append(k)
+        sample = RoundSample(k, k, 0.03 * k, costs[k] + 0.02, costs[k], 0, "v")
+        telemetry.record(sample)
+        policy.observe_sample(sample)
+    assert {1, 2, 3, 4} <= set(tried[:5])                 # each window tried early
+    assert set(costs) - {0} <= set(telemetry.verify_compute)
+
+    blind = Telemetry(max_k=4)                               # a verifier that reports no compute time
+    quiet = AwcWindow(blind, max_k=4, feeds_telemetry=False)
+    assert quiet.choose() == quiet.k                         # nothing to learn by trying: no exploration
+
+
+def test_costs_carry_over_between_sessions_but_acceptance_does_not():
+    from edgespec.telemetry import RoundSample, Telemetry
+
+    first = Telemetry(max_k=4)
+    for _ in range(5):
+        first.record(RoundSample(3, 0, 0.09, 0.7, 0.62, 2, "verifier-a"))
+    second = Telemetry(max_k=4)
+    second.inherit_costs(first)
+    assert second.verify_compute == first.verify_compute and second.draft_per_token == first.draft_per_token
+    assert second.links["verifier-a"].mean == first.links["verifier-a"].mean
+    second.record(RoundSample(3, 3, 0.09, 0.7, 0.62, 0, "verifier-a"))
+    assert first.links["verifier-a"].count == 5               # a copy, not shared
+    assert second.alpha[0] > first.alpha[0]                   # acceptance starts fresh
