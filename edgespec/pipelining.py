@@ -68,10 +68,11 @@ async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
     if k == 0 or any(t in log_.eos_ids for t in window.draft):
         return None
     k_next = min(rounds.policy.choose(), after_full - 1)
-    if rounds.draft_per_token and rounds.verify_wall:
+    costs = rounds.telemetry
+    if costs.draft_per_token and costs.verify_wall:
         # Draft only what fits in the in-flight window's shadow: a look-ahead still running when a
         # missed verdict arrives would delay the redraft (the drafter does one thing at a time).
-        k_next = min(k_next, int(rounds.verify_wall / rounds.draft_per_token) - 1)
+        k_next = min(k_next, int(costs.verify_wall / costs.draft_per_token) - 1)
     if k_next < 1:
         return None
     started = time.perf_counter()

@@ -71,9 +71,6 @@ class Rounds:
         # (0 at the start: opened on the first draft, so a down drafter only costs speed).
         self.drafter_down_until: float | None = 0.0
         self.next_seq = 0
-        # Pipelining: recent draft seconds per token and verify wall time (send to verdict), EMAs.
-        self.draft_per_token: float | None = None
-        self.verify_wall: float | None = None
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
                parent: int | None = None) -> Window:
@@ -119,9 +116,6 @@ class Rounds:
         position = len(log_.generated)
         log_.stats.draft_seconds += draft_seconds
         log_.stats.verify_seconds += verify_seconds
-        if window.draft and draft_seconds > 0:
-            self.draft_per_token = _ema(self.draft_per_token, draft_seconds / len(window.draft))
-        self.verify_wall = _ema(self.verify_wall, verify_seconds)
         address_of = getattr(self.verifier, "address_of", None)   # the failover port knows the link
         self.telemetry.record(RoundSample(
             len(window.draft), verdict.accepted, draft_seconds, verify_seconds, verdict.compute_seconds,
@@ -183,7 +177,3 @@ async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
     drafted = await rounds.draft(k) if k > 0 else None
     draft, q = drafted if drafted is not None else ([], None)
     return rounds.window(rounds.log.position, draft, q), (time.perf_counter() - started) if draft else 0.0
-
-
-def _ema(previous: float | None, value: float, weight: float = 0.3) -> float:
-    return value if previous is None else (1 - weight) * previous + weight * value

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgespec.window import best_window, expected_tokens
+
 
 @dataclass(slots=True, frozen=True)
 class RoundSample:
@@ -112,6 +114,7 @@ class Telemetry:
     accepted_ema: float | None = None                          # EMA of n (rounds with k > 0)
     judged_ema: float | None = None                            # EMA of positions judged, min(n + 1, k)
     draft_per_token: float | None = None                       # seconds
+    verify_wall: float | None = None                           # seconds, verify round trip EMA (any window)
     verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> verifier forward seconds EMA
     queue_last: int = 0                                        # windows
     queue_ema: float = 0.0                                     # windows
@@ -131,6 +134,7 @@ class Telemetry:
         if link is None:
             link = self.links[sample.link] = LinkStats(s, self.rtt_window)
         link.add(sample.rtt)
+        self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         if sample.verify_compute_seconds > 0:
             self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k), sample.verify_compute_seconds, s)
         self.queue_last = sample.queue_depth
@@ -157,7 +161,7 @@ class Telemetry:
         self.links = {name: LinkStats(link.smoothing, link.window, link.mean, link.jitter, link.trend, link.count,
                                       deque(link.recent)) for name, link in other.links.items()}
         self.last_link = other.last_link
-        self.draft_per_token = other.draft_per_token
+        self.draft_per_token, self.verify_wall = other.draft_per_token, other.verify_wall
         self.verify_compute = dict(other.verify_compute)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
 
@@ -169,12 +173,8 @@ class Telemetry:
         return min(1.0, self.accepted_ema / self.judged_ema)
 
     def expected_tokens(self, k: int) -> float:
-        """E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j, from the conditional acceptance EMAs."""
-        total, reach = 1.0, 1.0
-        for j in range(min(k, self.max_k)):
-            reach *= self.alpha[j]
-            total += reach
-        return total
+        """E(k) from the conditional acceptance EMAs."""
+        return expected_tokens(self.alpha, min(k, self.max_k))
 
     def reference_seconds(self) -> float:
         """t_ref: forward time of the smallest window measured; else the mean round trip; else 1 s."""
@@ -202,17 +202,8 @@ class Telemetry:
     def goodput_window(self) -> int:
         """argmax_k E(k) / (k t_draft + RTT + t_verify(k)) over [0, max_k] from these estimates: the
         analytic answer of ARCHITECTURE.md §4, given to AWC as one feature among the others."""
-        rtt = self.link_stats().mean or 0.0
-        draft = self.draft_per_token or 0.0
-        best_k, best_rate, total, reach = 0, -1.0, 1.0, 1.0
-        for k in range(self.max_k + 1):
-            if k:
-                reach *= self.alpha[k - 1]
-                total += reach
-            seconds = k * draft + rtt + max(1e-6, self.verify_estimate(k))
-            if total / seconds > best_rate + 1e-12:
-                best_k, best_rate = k, total / seconds
-        return best_k
+        return best_window(self.alpha, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+                           lambda k: max(1e-6, self.verify_estimate(k)), self.max_k)
 
     def link_stats(self, link: str | None = None) -> LinkStats:
         return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)

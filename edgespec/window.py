@@ -7,7 +7,28 @@ choose k = 0: target-only decoding is a mode, not an error path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol, Sequence
+
+
+def expected_tokens(alphas: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j: tokens a window of k commits, alpha_j the acceptance
+    at position j given acceptance before it."""
+    total, reach = 1.0, 1.0
+    for j in range(k):
+        reach *= alphas[j]
+        total += reach
+    return total
+
+
+def best_window(alphas: Sequence[float], draft_per_token: float, overhead: float, verify: Callable[[int], float],
+                max_k: int) -> int:
+    """The k in [0, max_k] maximising E(k) / (k * t_draft + overhead + verify(k)) (ARCHITECTURE.md §4)."""
+    best_k, best_rate = 0, -1.0
+    for k in range(max_k + 1):
+        rate = expected_tokens(alphas, k) / max(1e-9, k * draft_per_token + overhead + verify(k))
+        if rate > best_rate + 1e-12:
+            best_k, best_rate = k, rate
+    return best_k
 
 
 class WindowPolicy(Protocol):
@@ -69,11 +90,7 @@ class GoodputWindow:
             self.alpha = [self.prior_alpha] * self.max_k
 
     def expected_tokens(self, k: int) -> float:
-        total, reach = 1.0, 1.0
-        for j in range(k):
-            reach *= self.alpha[j]
-            total += reach
-        return total
+        return expected_tokens(self.alpha, k)
 
     def estimated_seconds(self, k: int) -> float | None:
         known = [m for m in self.t_verify if m <= k] or list(self.t_verify)

@@ -302,23 +302,3 @@ class Simulation:
 
     def run(self, until: float | None = None) -> None:
         self.env.run(until=until)
-
-
-def expected_tokens(alphas: list[float], k: int) -> float:
-    """E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j."""
-    total, reach = 1.0, 1.0
-    for j in range(k):
-        reach *= alphas[j]
-        total += reach
-    return total
-
-
-def best_window(alphas: list[float], draft_per_token: float, overhead: float, verify: Callable[[int], float],
-                max_k: int) -> int:
-    """The oracle: the k in [0, max_k] maximising E(k) / (k * t_draft + overhead + verify(k))."""
-    best_k, best_rate = 0, -math.inf
-    for k in range(max_k + 1):
-        rate = expected_tokens(alphas, k) / (k * draft_per_token + overhead + verify(k))
-        if rate > best_rate + 1e-12:
-            best_k, best_rate = k, rate
-    return best_k

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=365, help="validity (default %(default)s)")
     args = parser.parse_args(argv)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
-    if not clients or any(not c.isidentifier() and not c.replace("-", "_").isidentifier() for c in clients):
+    if not clients or not all(c.replace("-", "_").isidentifier() for c in clients):
         parser.error("--clients: names of letters, digits, '-' and '_'")
     make_dev_certs(args.out, [h.strip() for h in args.hosts.split(",") if h.strip()], clients, args.days)
     print(f"wrote a dev CA, a server certificate, {len(clients)} client certificates and tokens to {args.out}")

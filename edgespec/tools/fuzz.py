@@ -53,6 +53,11 @@ ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode
 DEADLINE_SECONDS = 20.0
 
 
+def method_name(path: str) -> str:
+    """'/edgespec.v1.Verifier/OpenSession' -> 'Verifier.OpenSession'."""
+    return path.rsplit(".", 1)[-1].replace("/", ".")
+
+
 def acceptable(code: grpc.StatusCode, details: str) -> bool:
     """OK, a status naming the caller's mistake, or grpc's own refusal of bytes that do not parse."""
     return code in ALLOWED or (code == grpc.StatusCode.INTERNAL and "deserializ" in details.lower())
@@ -216,8 +221,7 @@ class Fuzzer:
         code, details = self.loop.run_until_complete(self._send(target, payloads))
         self.report.inputs += 1
         self.report.by_status[code.name] += 1
-        self.report.by_method[TARGETS[target][1].rsplit("/", 2)[-2].split(".")[-1] + "." +
-                              TARGETS[target][1].rsplit("/", 1)[-1]] += 1
+        self.report.by_method[method_name(TARGETS[target][1])] += 1
         if not acceptable(code, details):
             self.report.failures.append({"method": TARGETS[target][1], "status": code.name, "details": details[:300],
                                          "payload_hex": [p[:200].hex() for p in payloads]})

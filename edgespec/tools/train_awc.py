@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from edgespec.awc import AwcWindow, Mlp, signed_log1p
-from edgespec.sim.model import best_window
+from edgespec.window import best_window
 from edgespec.sim.scenario import build
 from edgespec.telemetry import FEATURE_NAMES
 from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow

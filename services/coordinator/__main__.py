@@ -101,16 +101,14 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--max-ban", type=float, default=float(env("EDGESPEC_COORDINATOR_MAX_BAN", "30")),
                         help="cap on the ban, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
-    add_security_flags(parser, EnvDefaults("EDGESPEC_COORDINATOR"))
+    flag_env = EnvDefaults("EDGESPEC_COORDINATOR")
+    add_security_flags(parser, flag_env)
     upstream = parser.add_argument_group("upstream security", "how the coordinator reaches the drafter and the verifiers")
-    upstream.add_argument("--upstream-tls-ca", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TLS_CA") or None,
-                          help="PEM CA: connect with TLS, trusting this CA (default: plaintext)")
-    upstream.add_argument("--upstream-tls-cert", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TLS_CERT") or None,
-                          help="PEM certificate presented to them (mutual TLS)")
-    upstream.add_argument("--upstream-tls-key", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TLS_KEY") or None,
-                          help="PEM private key of --upstream-tls-cert")
-    upstream.add_argument("--upstream-token-file", default=env("EDGESPEC_COORDINATOR_UPSTREAM_TOKEN_FILE") or None,
-                          help="file holding the bearer token sent to them (only over TLS or loopback)")
+    for flag, help_ in (("upstream-tls-ca", "PEM CA: connect with TLS, trusting this CA (default: plaintext)"),
+                        ("upstream-tls-cert", "PEM certificate presented to them (mutual TLS)"),
+                        ("upstream-tls-key", "PEM private key of --upstream-tls-cert"),
+                        ("upstream-token-file", "file holding the bearer token sent to them (only over TLS or loopback)")):
+        upstream.add_argument(f"--{flag}", default=flag_env(flag, "") or None, help=help_)
     a = parser.parse_args(argv)
     try:
         upstream_security = ClientSecurity(a.upstream_tls_ca, a.upstream_tls_cert, a.upstream_tls_key,

@@ -3,7 +3,7 @@ import grpc
 import pytest
 
 from edgespec.tools import fuzz
-from edgespec.tools.fuzz import TARGETS, Fuzzer, acceptable, fuzz_cluster
+from edgespec.tools.fuzz import TARGETS, Fuzzer, acceptable, fuzz_cluster, method_name
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def test_fuzzed_requests_get_clear_statuses_and_change_nothing(fuzzer):
     snapshot = fuzzer.snapshot()
     report = fuzz.run(fuzzer, inputs=1500, shrink=True)     # derandomized: the same inputs every run
     assert report.inputs >= 1500 and not report.failures
-    assert set(report.by_method) == {t[1].split(".")[-1].replace("/", ".") for t in TARGETS}
+    assert set(report.by_method) == {method_name(t[1]) for t in TARGETS} and len(report.by_method) == len(TARGETS)
     assert report.by_status["OK"] > 0 and report.by_status["INVALID_ARGUMENT"] > 0   # both sides were reached
     assert fuzzer.intact(snapshot), "canary sessions or the generation changed under fuzzing"
     assert fuzzer.alive()
