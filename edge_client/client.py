@@ -18,18 +18,20 @@ from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
 
 async def generate(address: str, prompt: str, max_new_tokens: int, window: int = -1, chat: bool = True,
                    timeout_seconds: float | None = None, temperature: float = 0.0, top_k: int = 0,
-                   top_p: float = 1.0, seed: int | None = None,
+                   top_p: float = 1.0, seed: int | None = None, relaxed: str = "",
                    resume_token_ids: Sequence[int] = (),
                    security: ClientSecurity = PLAINTEXT) -> AsyncIterator[pb.GenerateResponse]:
     """Yield the coordinator's events: TokenChunk messages, then one GenerationStats.
 
     temperature 0 is greedy; > 0 samples (losslessly) with top_k / top_p / seed.
+    relaxed: opt into lossy relaxed verification (see ``relaxation``); "" = lossless.
     resume_token_ids: tokens an interrupted call with the same arguments already
     streamed (verified ones); the coordinator continues after them.
     security: TLS / mutual TLS and the bearer token (default plaintext, no token).
     Raises grpc.aio.AioRpcError with the coordinator's status on failure.
     """
-    sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                         relaxation=relaxation(relaxed))
     if seed is not None:
         sampling.seed = seed
     async with open_channel(address, security) as channel:
@@ -38,6 +40,36 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
                                      sampling=sampling, resume_token_ids=resume_token_ids)
         async for event in stub.Generate(request, timeout=timeout_seconds):
             yield event
+
+
+RELAXED_HELP = ("LOSSY relaxed verification, off by default: 'diversed:W' (verify against w*q + (1-w)*p, "
+                "W in [0, 0.95]), 'diversed:learned[:CAP]' (w per position from the verifier's learned head, "
+                "at most CAP, default 0.9), 'diversed:task[=code|qa|chat]' (the coordinator's measured weight for "
+                "the prompt's category, or the one named), 'cospec:MARGIN' (keep a draft token at a mismatch when "
+                "its target log-probability is within MARGIN nats of the best)")
+
+
+def relaxation(spec: str) -> common_pb2.Relaxation:
+    """Parse a --relaxed spec (RELAXED_HELP); "" = lossless. ValueError on a malformed one."""
+    if not spec:
+        return common_pb2.Relaxation()
+    method, _, rest = spec.partition(":")
+    try:
+        if method == "diversed" and rest.startswith("learned"):
+            cap = rest.removeprefix("learned").removeprefix(":")
+            return common_pb2.Relaxation(method=common_pb2.Relaxation.DIVERSED, learned=True,
+                                         weight=float(cap) if cap else 0.9)
+        if method == "diversed" and rest.startswith("task"):
+            task = rest.removeprefix("task").removeprefix("=")
+            return common_pb2.Relaxation(method=common_pb2.Relaxation.DIVERSED, task=task or "auto")
+        if method == "diversed" and rest:
+            return common_pb2.Relaxation(method=common_pb2.Relaxation.DIVERSED, weight=float(rest))
+        if method == "cospec" and rest:
+            return common_pb2.Relaxation(method=common_pb2.Relaxation.COSPEC, margin=float(rest))
+    except ValueError:
+        pass
+    raise ValueError(f"--relaxed {spec!r}: expected one of diversed:W, diversed:learned[:CAP], "
+                     f"diversed:task[=code|qa|chat], cospec:MARGIN")
 
 
 RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,

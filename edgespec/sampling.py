@@ -26,12 +26,46 @@ from edgespec.verification import Verdict
 ACCEPT, RESIDUAL, BONUS, DRAFT = "accept", "residual", "bonus", "draft"   # uniform purposes
 
 
+RELAXED_METHODS = ("lossless", "diversed", "cospec")
+TASKS = ("", "auto", "code", "qa", "chat")
+
+
+@dataclass(frozen=True, slots=True)
+class Relaxation:
+    """Opt-in, lossy verification (edgespec.relaxed). The default is lossless.
+
+    diversed: verify against r = w*q + (1 - w)*p; ``weight`` is w, or the cap on a
+              learned per-position w when ``learned``; ``task`` asks the coordinator
+              for its measured per-task w ("auto" = the prompt's category).
+    cospec:   keep a draft token at a mismatch when log p(x) >= log max p - ``margin`` nats.
+    """
+    method: str = "lossless"
+    weight: float = 0.0
+    learned: bool = False
+    margin: float = 0.0
+    task: str = ""
+
+    @property
+    def lossy(self) -> bool:
+        return self.method != "lossless"
+
+    @property
+    def label(self) -> str:
+        if self.method == "diversed":
+            source = "learned" if self.learned else f"task {self.task}" if self.task else "static"
+            return f"relaxed-diversed({source}, w{'<=' if self.learned else '='}{self.weight:.2f})"
+        if self.method == "cospec":
+            return f"relaxed-cospec(margin={self.margin:.2f})"
+        return "lossless"
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 0.0   # 0 = greedy; > 0 samples from softmax(logits / temperature)
     top_k: int = 0             # keep the k most likely tokens (0 = all)
     top_p: float = 1.0         # keep the smallest set with cumulative probability >= top_p (1 = all)
     seed: int = 0              # with the position, determines every random draw
+    relaxation: Relaxation = Relaxation()   # lossless unless a relaxed verifier is asked for
 
     @property
     def greedy(self) -> bool:
@@ -41,6 +75,9 @@ class SamplingParams:
         """A 63-bit hash carried by every window, so both sides provably warp alike."""
         # seed is a uint64 on the wire: packed unsigned (the same bytes as signed below 2**63)
         raw = struct.pack("<dqdQ", self.temperature, self.top_k, self.top_p, self.seed)
+        relax = self.relaxation
+        if relax.lossy:   # lossless sessions keep the fingerprint they always had
+            raw += struct.pack("<Bd?d", RELAXED_METHODS.index(relax.method), relax.weight, relax.learned, relax.margin)
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
 
 
@@ -57,6 +94,26 @@ def check_params(params: SamplingParams) -> None:
         raise InvalidArgument("seed", f"must be in [0, 2**64), got {params.seed}")
     if not -1 << 31 <= params.top_k < 1 << 31:
         raise InvalidArgument("top_k", f"must fit in 32 bits, got {params.top_k}")
+    check_relaxation(params.relaxation)
+
+
+def check_relaxation(relax: Relaxation) -> None:
+    from edgespec.errors import InvalidArgument
+
+    if relax.method not in RELAXED_METHODS:
+        raise InvalidArgument("relaxation.method", f"must be one of {', '.join(RELAXED_METHODS)}, got {relax.method!r}")
+    if not 0.0 <= relax.weight <= 0.95:   # w = 1 would accept every draft token: the target would not matter
+        raise InvalidArgument("relaxation.weight", f"must be in [0, 0.95], got {relax.weight}")
+    if not 0.0 <= relax.margin <= 20.0:
+        raise InvalidArgument("relaxation.margin", f"must be in [0, 20] nats, got {relax.margin}")
+    if relax.task not in TASKS:
+        raise InvalidArgument("relaxation.task", f"must be one of {', '.join(repr(t) for t in TASKS)}, got {relax.task!r}")
+    if relax.method != "diversed" and (relax.weight or relax.learned or relax.task):
+        raise InvalidArgument("relaxation", "weight, learned and task apply to the diversed method only")
+    if relax.method != "cospec" and relax.margin:
+        raise InvalidArgument("relaxation.margin", "applies to the cospec method only")
+    if relax.learned and relax.task:
+        raise InvalidArgument("relaxation", "learned and task are two different weight sources: pick one")
 
 
 def uniform(seed: int, position: int, purpose: str) -> float:
@@ -134,6 +191,24 @@ class SparseDist:
         return SparseDist(tuple(int(i) for i in ids), tuple(float(probs[i]) for i in ids))
 
 
+def accepts(px: float, qx: float, u: float) -> bool:
+    """The lossless test: u < p(x)/q(x), strict, never when p(x) = 0 or q(x) = 0."""
+    return px > 0.0 and qx > 0.0 and u < px / qx
+
+
+def residual(p_row: np.ndarray, q_row: SparseDist | None, x: int) -> np.ndarray:
+    """What to sample from after rejecting x: norm(max(0, p - q)); one-hot q (None) = p without x."""
+    out = np.array(p_row, dtype=np.float64)
+    if q_row is None:
+        out[x] = 0.0
+    else:
+        out = np.maximum(out - q_row.dense(out.shape[0]), 0.0)
+    if out.sum() <= 0.0:
+        # Only reachable when p == q exactly and x had p = 0, which q could not sample.
+        out = np.array(p_row, dtype=np.float64)
+    return out
+
+
 def verify_sampling(draft: Sequence[int], q: Sequence[SparseDist] | None, p: np.ndarray, seed: int,
                     base_position: int, eos_ids: Collection[int] = ()) -> Verdict:
     """Lossless verification of one window.
@@ -153,19 +228,12 @@ def verify_sampling(draft: Sequence[int], q: Sequence[SparseDist] | None, p: np.
         position = base_position + i
         px = float(p[i, x])
         qx = 1.0 if q is None else q[i].prob(x)
-        if px > 0.0 and qx > 0.0 and uniform(seed, position, ACCEPT) < px / qx:
+        if accepts(px, qx, uniform(seed, position, ACCEPT)):
             if x in eos_ids:
                 return Verdict(accepted=i, next_token=x)   # EOS ends the window, as in verify_greedy
             continue
-        residual = np.array(p[i], dtype=np.float64)
-        if q is None:
-            residual[x] = 0.0
-        else:
-            residual = np.maximum(residual - q[i].dense(residual.shape[0]), 0.0)
-        if residual.sum() <= 0.0:
-            # Only reachable when p_i == q_i exactly and x had p = 0, which q could not sample.
-            residual = np.array(p[i], dtype=np.float64)
-        return Verdict(accepted=i, next_token=sample(residual, uniform(seed, position, RESIDUAL)))
+        return Verdict(accepted=i, next_token=sample(residual(p[i], None if q is None else q[i], x),
+                                                     uniform(seed, position, RESIDUAL)))
     return Verdict(accepted=k, next_token=sample(p[k], uniform(seed, base_position + k, BONUS)))
 
 

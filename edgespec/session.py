@@ -19,6 +19,7 @@ class RoundStats:
     optimistic_windows: int = 0  # pipelining: windows drafted ahead and sent before the previous verdict
     optimistic_hits: int = 0     # of those, the ones whose assumption held (verified, not discarded)
     degraded: int = 0            # times no verifier was reachable and unverified drafting began
+    target_logprob: float = 0.0  # sum of the target's T=1 log-probabilities of the verified tokens (nats)
 
     @property
     def acceptance_rate(self) -> float:
@@ -68,6 +69,7 @@ class SessionLog:
         self.stats.rounds += 1
         self.stats.drafted += len(draft)
         self.stats.accepted += verdict.accepted
+        self.stats.target_logprob += verdict.target_logprob
         if tokens[-1] in self.eos_ids:
             self.finish_reason = "eos"
         elif self.remaining == 0:

@@ -18,6 +18,7 @@ class Verdict:
     # Telemetry the verifier reports with a verdict (not part of its meaning: equality ignores them).
     compute_seconds: float = field(default=0.0, compare=False)   # target forward + verification time
     queue_depth: int = field(default=0, compare=False)           # windows waiting when this one started
+    target_logprob: float = field(default=0.0, compare=False)    # sum of log p (T=1) over the committed tokens
 
     def committed(self, draft: Sequence[int]) -> list[int]:
         """The tokens this verdict commits: draft[:n] + [next_token]."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.limits import check_draft_probs, check_prefix, check_session_id, check_token_ids
+from edgespec.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.sampling import SamplingParams, SparseDist, check_params, verify_sampling, warp
 from edgespec.verification import Verdict, verify_greedy
 
@@ -25,7 +26,6 @@ class TargetModel(Protocol):
 
     def new_state(self) -> Any: ...
     def crop(self, state: Any, length: int) -> None: ...
-    def next_tokens(self, state: Any, seq: Sequence[int], last: int) -> list[int]: ...
     def logits_rows(self, state: Any, seq: Sequence[int], last: int) -> np.ndarray: ...
     def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
 
@@ -58,6 +58,7 @@ class VerifierEngine:
         self.eos_ids = frozenset(eos_ids)
         self.limits = limits
         self._sessions: dict[str, _Session] = {}
+        self._head: WeightHead | None = None   # the learned DIVERSED weight head, loaded on first use
 
     @property
     def session_count(self) -> int:
@@ -71,6 +72,11 @@ class VerifierEngine:
         check_session_id(session_id)
         check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
         check_params(params)
+        if params.relaxation.learned and self._head is None:
+            try:
+                self._head = load_head()
+            except (OSError, ValueError, KeyError) as error:
+                raise InvalidArgument("relaxation.learned", f"this verifier has no usable weight head: {error}") from None
         started = time.perf_counter()
         session = _Session(committed=list(tokens), kv=self.target.new_state(), params=params)
         self.target.prefill(session.kv, tokens)
@@ -106,12 +112,16 @@ class VerifierEngine:
         k = len(draft)
         seq = session.committed + list(draft)
         params = session.params
-        if params.greedy:
-            # Greedy choices after committed[-1] and after each draft token: k + 1.
-            verdict = verify_greedy(draft, self.target.next_tokens(session.kv, seq, k + 1), self.eos_ids)
+        # Logits after committed[-1] and after each draft token: k + 1 rows.
+        logits = self.target.logits_rows(session.kv, seq, k + 1)
+        if params.relaxation.lossy:
+            verdict = verify_relaxed(draft, q or None, logits, params, base_position, self.eos_ids, self._head)
+        elif params.greedy:
+            verdict = verify_greedy(draft, np.argmax(logits, axis=-1).tolist(), self.eos_ids)
         else:
-            p = np.stack([warp(row, params) for row in self.target.logits_rows(session.kv, seq, k + 1)])
+            p = np.stack([warp(row, params) for row in logits])
             verdict = verify_sampling(draft, q or None, p, params.seed, base_position, self.eos_ids)
+        verdict = replace(verdict, target_logprob=committed_logprob(logits, verdict.committed(draft)))
         session.committed.extend(verdict.committed(draft))
         # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
         self.target.crop(session.kv, len(session.committed) - 1)

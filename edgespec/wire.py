@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from edgespec.sampling import SamplingParams, SparseDist
+from edgespec.sampling import RELAXED_METHODS, Relaxation, SamplingParams, SparseDist
 from edgespec.rounds import Window
 from edgespec.v1 import common_pb2, verifier_pb2
 
@@ -15,12 +15,27 @@ def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> Sam
     """top_p 0 (unset) means 1.0; an absent seed takes ``default_seed``."""
     return SamplingParams(temperature=float(msg.temperature), top_k=int(msg.top_k),
                           top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
-                          seed=int(msg.seed) if msg.HasField("seed") else default_seed)
+                          seed=int(msg.seed) if msg.HasField("seed") else default_seed,
+                          relaxation=relaxation_from_pb(msg.relaxation))
 
 
 def params_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                     seed=params.seed)
+                                     seed=params.seed, relaxation=relaxation_to_pb(params.relaxation))
+
+
+def relaxation_from_pb(msg: common_pb2.Relaxation) -> Relaxation:
+    """An unknown method number becomes a name check_params rejects with a clear message."""
+    number = int(msg.method)
+    method = RELAXED_METHODS[number] if 0 <= number < len(RELAXED_METHODS) else f"method #{number}"
+    # float fields carry float32: round to what was meant (0.3f is 0.30000001192...)
+    return Relaxation(method=method, weight=round(float(msg.weight), 6), learned=bool(msg.learned),
+                      margin=round(float(msg.margin), 6), task=msg.task)
+
+
+def relaxation_to_pb(relax: Relaxation) -> common_pb2.Relaxation:
+    return common_pb2.Relaxation(method=RELAXED_METHODS.index(relax.method), weight=relax.weight,
+                                 learned=relax.learned, margin=relax.margin, task=relax.task)
 
 
 def dists_from_pb(msgs: Iterable[common_pb2.SparseDistribution]) -> list[SparseDist]:

@@ -1,22 +1,47 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "relaxation")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    RELAXATION_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    relaxation: Relaxation
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., relaxation: _Optional[_Union[Relaxation, _Mapping]] = ...) -> None: ...
+
+class Relaxation(_message.Message):
+    __slots__ = ("method", "weight", "learned", "margin", "task")
+    class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LOSSLESS: _ClassVar[Relaxation.Method]
+        DIVERSED: _ClassVar[Relaxation.Method]
+        COSPEC: _ClassVar[Relaxation.Method]
+    LOSSLESS: Relaxation.Method
+    DIVERSED: Relaxation.Method
+    COSPEC: Relaxation.Method
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    method: Relaxation.Method
+    weight: float
+    learned: bool
+    margin: float
+    task: str
+    def __init__(self, method: _Optional[_Union[Relaxation.Method, str]] = ..., weight: _Optional[float] = ..., learned: _Optional[bool] = ..., margin: _Optional[float] = ..., task: _Optional[str] = ...) -> None: ...
 
 class SparseDistribution(_message.Message):
     __slots__ = ("ids", "weights")

@@ -83,7 +83,7 @@ class GrpcVerifier:
             stream = self._streams[session_id] = _VerdictStream(self._stub.VerifyStream(), self.address)
         reply = await stream.send(window_to_pb(session_id, window), self._deadline)
         return None if reply.discarded else Verdict(reply.accepted, reply.next_token, reply.verify_seconds,
-                                                    reply.queue_depth)
+                                                    reply.queue_depth, reply.target_logprob)
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

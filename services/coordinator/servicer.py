@@ -19,7 +19,8 @@ from edgespec.speculation import speculate
 from edgespec.tokenizer import TextStream, Tokenizer
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
-from edgespec.wire import params_from_pb
+from edgespec.wire import params_from_pb, params_to_pb
+from edgespec.relaxed import WeightHead, load_head, resolve_task
 from edgespec.awc import AwcWindow
 from edgespec.telemetry import Telemetry
 from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
@@ -49,6 +50,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self._info = None                        # a verifier's InfoResponse (vocabulary, EOS ids)
         self.owners = owners or SessionOwners(64) # generations in progress per client identity
         self.costs = Telemetry()                 # costs measured by earlier sessions (links, draft, verify by window)
+        self._head: WeightHead | None = None     # relaxed verification: the per-task weights, loaded on first use
 
     async def Generate(self, request: pb.GenerateRequest, context):
         session_id = uuid.uuid4().hex
@@ -56,6 +58,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             window = self._check(request)
             params = params_from_pb(request.sampling, default_seed=secrets.randbits(63))
             check_params(params)
+            if params.relaxation.task:
+                params = params_from_pb(params_to_pb(resolve_task(params, request.prompt, self._weights())))
             prompt = self.tokenizer.encode(request.prompt, request.chat)
             if len(prompt) > self.max_prompt_tokens:
                 raise InvalidArgument("prompt", f"{len(prompt)} tokens exceeds the limit of {self.max_prompt_tokens}")
@@ -126,10 +130,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             tokens_per_second=len(session.generated) / seconds, draft_seconds=stats.draft_seconds,
             verify_seconds=stats.verify_seconds, finish_reason=session.finish_reason or "",
             verifier=served_by, prefill_seconds=prefill, seed=params.seed,
-            verification="greedy" if params.greedy else "lossless-sampling", failovers=failover.failovers,
+            verification=verification_label(params), lossy=params.relaxation.lossy,
+            target_logprob=stats.target_logprob / len(session.generated) if session.generated else 0.0,
+            failovers=failover.failovers,
             recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified,
             pipelined=self.pipeline and drafting, optimistic_windows=stats.optimistic_windows,
             optimistic_hits=stats.optimistic_hits))
+
+    def _weights(self) -> WeightHead:
+        if self._head is None:
+            try:
+                self._head = load_head()
+            except (OSError, ValueError, KeyError) as error:
+                raise InvalidArgument("sampling.relaxation.task", f"no per-task weights on this coordinator: {error}") from None
+        return self._head
 
     def _check(self, request: pb.GenerateRequest) -> int:
         """Validate the request; return its window (-1 = adaptive)."""
@@ -182,3 +196,10 @@ def register(servicer: CoordinatorServicer):
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
         return [pb.DESCRIPTOR.services_by_name["Coordinator"].full_name]
     return add
+
+
+def verification_label(params) -> str:
+    mode = "greedy" if params.greedy else "sampling"
+    if params.relaxation.lossy:
+        return f"{params.relaxation.label} {mode} (lossy)"
+    return "greedy" if params.greedy else "lossless-sampling"

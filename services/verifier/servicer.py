@@ -59,7 +59,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                              base_position=window.base_position, discarded=verdict is None,
                              accepted=verdict.accepted if verdict else 0, next_token=verdict.next_token if verdict else 0,
                              committed_position=result.committed_position,
-                             verify_seconds=result.verify_seconds, queue_depth=depth)
+                             verify_seconds=result.verify_seconds, queue_depth=depth,
+                             target_logprob=verdict.target_logprob if verdict else 0.0)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
         try:

@@ -237,11 +237,11 @@ def test_cli_generate_streams_text_and_stats(cluster):
     assert bad.returncode == 1 and "INVALID_ARGUMENT: max_new_tokens" in bad.stderr
 
 
-def sample(address, prompt, seed=None, temperature=0.9, top_k=0, top_p=1.0, window=3, max_new=24):
+def sample(address, prompt, seed=None, temperature=0.9, top_k=0, top_p=1.0, window=3, max_new=24, relaxed=""):
     async def go():
         tokens, stats = [], None
         async for event in generate(address, prompt, max_new, window, chat=False, timeout_seconds=120,
-                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed):
+                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, relaxed=relaxed):
             if event.HasField("chunk"):
                 tokens.extend(event.chunk.token_ids)
             else:
@@ -264,6 +264,67 @@ def test_bad_sampling_parameters_are_invalid_argument(cluster, kwargs):
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         sample(cluster.coordinator.address, "hi", seed=1, **{"temperature": 0.7, **kwargs})
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def target_logprob(spec: str, prompt: list[int], tokens: list[int]) -> float:
+    """The target's own mean T=1 log-probability of ``tokens`` after ``prompt`` (one forward)."""
+    import numpy as np
+
+    from edgespec.relaxed import log_softmax
+
+    lm = tiny(spec)
+    rows = lm.logits_rows(lm.new_state(), prompt + tokens[:-1], len(tokens))
+    return float(np.mean([log_softmax(rows)[i, t] for i, t in enumerate(tokens)]))
+
+
+def test_relaxed_verification_is_labelled_lossy_and_measured(cluster):
+    prompt = "def add(a, b):"
+    exact, exact_stats = sample(cluster.coordinator.address, prompt, temperature=0.0, window=4, max_new=40)
+    assert not exact_stats.lossy and exact_stats.verification == "greedy"
+    # the verifier's log-likelihood of the lossless output is the target's own
+    assert exact_stats.target_logprob == pytest.approx(target_logprob(cluster.target, list(prompt.encode()), exact),
+                                                       abs=1e-4)
+    relaxed, stats = sample(cluster.coordinator.address, prompt, temperature=0.0, window=4, max_new=40,
+                            relaxed="diversed:0.9")
+    assert stats.lossy and stats.verification == "relaxed-diversed(static, w=0.90) greedy (lossy)"
+    assert stats.acceptance_rate >= exact_stats.acceptance_rate
+    assert stats.target_logprob == pytest.approx(target_logprob(cluster.target, list(prompt.encode()), relaxed),
+                                                 abs=1e-4)
+    arbiter, arbiter_stats = sample(cluster.coordinator.address, prompt, temperature=0.0, window=4, max_new=40,
+                                    relaxed="cospec:0.0")
+    assert arbiter == exact and arbiter_stats.lossy   # margin 0 keeps only the target's own choices (no ties here)
+    _, task_stats = sample(cluster.coordinator.address, prompt, temperature=0.0, relaxed="diversed:task")
+    assert "task code" in task_stats.verification   # "def add" is code: the coordinator's code weight
+    _, learned_stats = sample(cluster.coordinator.address, prompt, temperature=0.0, relaxed="diversed:learned:0.5")
+    assert learned_stats.verification.startswith("relaxed-diversed(learned, w<=0.50)")
+
+
+def test_relaxed_sampling_is_reproducible_by_seed(cluster):
+    first = sample(cluster.coordinator.address, "Speculative", seed=5, relaxed="diversed:learned")
+    assert sample(cluster.coordinator.address, "Speculative", seed=5, relaxed="diversed:learned")[0] == first[0]
+    assert first[1].verification == "relaxed-diversed(learned, w<=0.90) sampling (lossy)"
+
+
+@pytest.mark.parametrize("relaxation, field", [
+    (dict(method=1, weight=0.99), "relaxation.weight"),
+    (dict(method=2, margin=-1.0), "relaxation.margin"),
+    (dict(method=7), "relaxation.method"),
+    (dict(method=2, margin=1.0, weight=0.3), "relaxation"),
+    (dict(method=1, task="poetry"), "relaxation.task"),
+])
+def test_bad_relaxation_is_invalid_argument_naming_the_field(cluster, relaxation, field):
+    from edgespec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.coordinator.address) as channel:
+            request = coordinator_pb2.GenerateRequest(prompt="hi", max_new_tokens=4, sampling=common_pb2.SamplingParams(
+                temperature=0.7, relaxation=common_pb2.Relaxation(**relaxation)))
+            async for _ in coordinator_pb2_grpc.CoordinatorStub(channel).Generate(request, timeout=30):
+                pass
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        asyncio.run(go())
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith(field + ":") or raised.value.details().startswith("sampling." + field)
 
 
 def test_heuristic_policy_cluster_output_equals_target_only(tmp_path):
