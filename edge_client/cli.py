@@ -121,7 +121,7 @@ def format_stats(s) -> str:
     return (f"[{s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
             f"acceptance {s.acceptance_rate:.1%} | {s.mean_accepted_length:.2f} tokens/round over {s.rounds} rounds | "
             f"finish {s.finish_reason} | {s.verification}" + (f" seed {s.seed}" if s.verification != "greedy" else "")
-            + f" | verifier {s.verifier}"
+            + f" | drafter {s.drafter} | verifier {s.verifier}"
             + (f" | {s.failovers} failovers, {s.recovery_seconds:.2f}s recovering" if s.failovers else "")
             + (f" | {s.unverified_tokens} UNVERIFIED tokens at the end" if s.unverified_tokens else "")
             + (f" | pipelined: {s.optimistic_hits}/{s.optimistic_windows} optimistic windows held" if s.pipelined else "")

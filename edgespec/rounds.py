@@ -122,6 +122,9 @@ class Rounds:
             verdict.queue_depth, (address_of(self.session_id) if address_of else None) or "",
             round_seconds=draft_seconds + verify_seconds))
         self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
+        observe = getattr(self.drafter, "observe", None)   # a routed drafter learns from its verdicts
+        if observe is not None and window.draft:
+            observe(window.draft, verdict.accepted, draft_seconds)
         return Chunk(log_.commit(list(window.draft), verdict), position)
 
     async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:

@@ -94,6 +94,8 @@ class LocalCluster:
     log_dir: Path
     verifier_args: list[str] = field(default_factory=list)
     drafter_args: list[str] = field(default_factory=list)
+    # More drafters, by name (the first one, drafter_args, is "draft"): the coordinator's router picks among them.
+    extra_drafters: dict[str, list[str]] = field(default_factory=dict)
     coordinator_args: list[str] = field(default_factory=list)
     verifier_count: int = 1
     link: LinkProfile | None = None          # emulated edge-cloud link in front of every verifier
@@ -108,12 +110,17 @@ class LocalCluster:
                                           self.verifier_cpus) for i in range(self.verifier_count)]
             self.verifier = self.verifiers[0]
             self.drafter = self._start("services.drafter", self.drafter_args, "drafter", self.edge_cpus)
+            self.drafters = {"draft": self.drafter} | {
+                name: self._start("services.drafter", args, f"drafter-{name}", self.edge_cpus)
+                for name, args in self.extra_drafters.items()}
+            drafter_flag = (self.drafter.address if not self.extra_drafters else
+                            ",".join(f"{name}={service.address}" for name, service in self.drafters.items()))
             links = [v.address for v in self.verifiers]
             if self.link is not None:
                 self.proxies = [DelayProxy(address, self.link).start() for address in links]
                 links = [proxy.address for proxy in self.proxies]
             self.coordinator = self._start("services.coordinator", [
-                "--verifier", ",".join(links), "--drafter", self.drafter.address, *self.coordinator_args],
+                "--verifier", ",".join(links), "--drafter", drafter_flag, *self.coordinator_args],
                 "coordinator", self.edge_cpus)
         except BaseException:
             self.stop()

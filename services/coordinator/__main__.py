@@ -21,7 +21,7 @@ log = logging.getLogger("edgespec.coordinator")
 class CoordinatorConfig:
     host: str                  # interface to bind
     port: int                  # TCP port (0 = any free port)
-    drafter: str               # drafter address host:port
+    drafters: dict[str, str]   # drafter name -> host:port; more than one = the router picks per request
     verifiers: tuple[str, ...] # verifier pool, host:port each
     tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
     window: int                # default draft window k, tokens (0 = target-only, -1 = adaptive goodput policy)
@@ -41,6 +41,7 @@ class CoordinatorConfig:
     grace_seconds: float       # drain time on shutdown, seconds
     security: ServerSecurity   # TLS, auth and per-client limits of our own port
     upstream: ClientSecurity   # how we reach the drafter and the verifiers
+    router_weights: str = ""   # router weights JSON; "" = the shipped ones
 
 
 def window_arg(text: str) -> int:
@@ -60,7 +61,12 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                     "verifier, and streams the committed tokens. Every flag also reads EDGESPEC_COORDINATOR_<FLAG>.")
     parser.add_argument("--host", default=env("EDGESPEC_COORDINATOR_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
     parser.add_argument("--port", type=int, default=int(env("EDGESPEC_COORDINATOR_PORT", "50051")), help="port, 0 = any free (default %(default)s)")
-    parser.add_argument("--drafter", default=env("EDGESPEC_COORDINATOR_DRAFTER", "127.0.0.1:50062"), help="drafter address (default %(default)s)")
+    parser.add_argument("--drafter", default=env("EDGESPEC_COORDINATOR_DRAFTER", "127.0.0.1:50062"),
+                        help="drafter address, or several as NAME=HOST:PORT,...: then a router (DASD) picks one per "
+                             "request from the prompt and learns from the acceptance each session observes, switching "
+                             "a session's drafter once if another is clearly faster (default %(default)s)")
+    parser.add_argument("--router-weights", default=env("EDGESPEC_COORDINATOR_ROUTER_WEIGHTS", ""),
+                        help="router weights JSON (edgespec train-router); default: the shipped ones")
     parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"),
                         help="verifier pool: comma-separated host:port list. Each session lives on one verifier and "
                              "is re-opened on another (with its committed prefix) if that one fails (default %(default)s)")
@@ -118,10 +124,27 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     verifiers = tuple(v.strip() for v in a.verifier.split(",") if v.strip())
     if not verifiers or len(set(verifiers)) != len(verifiers):
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
-    return CoordinatorConfig(a.host, a.port, a.drafter, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
+    drafters = parse_drafters(parser, a.drafter)
+    return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
                              a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.pipeline == "on",
                              a.on_verifier_loss, a.max_unverified_tokens, a.failover_deadline, a.ban, a.max_ban, a.grace,
-                             security_config(parser, a), upstream_security)
+                             security_config(parser, a), upstream_security, a.router_weights)
+
+
+def parse_drafters(parser, value: str) -> dict[str, str]:
+    """"HOST:PORT" -> {"draft": it}; "a=HOST:PORT,b=HOST:PORT" -> named drafters."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        return {"draft": items[0]}
+    drafters = {}
+    for item in items:
+        name, _, address = item.partition("=")
+        if not name or not address or name in drafters:
+            parser.error(f"--drafter: expected HOST:PORT or distinct NAME=HOST:PORT,..., got {value!r}")
+        drafters[name] = address
+    if not drafters:
+        parser.error("--drafter: need at least one drafter")
+    return drafters
 
 
 async def main(config: CoordinatorConfig) -> None:
@@ -135,7 +158,13 @@ async def main(config: CoordinatorConfig) -> None:
     from services.coordinator.servicer import CoordinatorServicer, register
 
     tokenizer = load_tokenizer(config.tokenizer)
-    drafter = GrpcDrafter(config.drafter, config.deadline_seconds, config.q_ids, config.upstream)
+    drafters = {name: GrpcDrafter(address, config.deadline_seconds, config.q_ids, config.upstream)
+                for name, address in config.drafters.items()}
+    router = None
+    if len(drafters) > 1:
+        from edgespec.router import Router, load_router_weights
+
+        router = Router(Router.arms_from_json(load_router_weights(config.router_weights or None), list(drafters)))
     endpoints = {address: GrpcVerifier(address, config.deadline_seconds, config.upstream)
                  for address in config.verifiers}
     pool = VerifierPool(config.verifiers, config.ban_seconds, config.max_ban_seconds)
@@ -147,20 +176,23 @@ async def main(config: CoordinatorConfig) -> None:
         pool.set_serving(address, serving)
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
-    servicer = CoordinatorServicer(tokenizer, drafter, verifier, config.window, config.max_window,
+    servicer = CoordinatorServicer(tokenizer, drafters, verifier, config.window, config.max_window,
                                    config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
                                    config.auto_policy, config.pipeline, config.on_verifier_loss,
-                                   config.max_unverified, SessionOwners(config.security.max_sessions_per_client))
+                                   config.max_unverified, SessionOwners(config.security.max_sessions_per_client),
+                                   router)
     credentials, interceptors = server_parts(config.security)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
-    log.info("drafter %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s", config.drafter,
+    log.info("drafters %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s",
+             ", ".join(f"{name}={address}" for name, address in config.drafters.items()),
              ", ".join(config.verifiers), "auto" if config.window < 0 else config.window,
              "on" if config.pipeline else "off", config.on_verifier_loss)
     await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
     for watcher in watchers:
         watcher.cancel()
-    await drafter.aclose()
+    for drafter in drafters.values():
+        await drafter.aclose()
     for endpoint in endpoints.values():
         await endpoint.aclose()
 

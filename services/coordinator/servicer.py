@@ -21,6 +21,8 @@ from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
 from edgespec.wire import params_from_pb, params_to_pb
 from edgespec.relaxed import WeightHead, load_head, resolve_task
+from edgespec.router import Router, SessionRouting, request_features
+from edgespec.routing import RoutedDrafter
 from edgespec.awc import AwcWindow
 from edgespec.telemetry import Telemetry
 from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
@@ -30,13 +32,14 @@ log = logging.getLogger(__name__)
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, tokenizer: Tokenizer, drafter: GrpcDrafter, verifier: FailoverVerifier,
+    def __init__(self, tokenizer: Tokenizer, drafters: dict[str, GrpcDrafter], verifier: FailoverVerifier,
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
                  auto_max_window: int = 4, auto_policy: str = "goodput", pipeline: bool = False,
                  on_verifier_loss: str = "fail", max_unverified: int = 256,
-                 owners: SessionOwners | None = None):
+                 owners: SessionOwners | None = None, router: Router | None = None):
         self.tokenizer = tokenizer
-        self.drafter = drafter
+        self.drafters = drafters                 # by name; one unless a router picks among them
+        self.router = router
         self.verifier = verifier
         self.default_window = default_window
         self.max_window = max_window
@@ -82,6 +85,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         telemetry.inherit_costs(self.costs)   # start from what earlier sessions measured; acceptance starts fresh
         policy = self._policy(window, telemetry)
         drafting = window != 0
+        drafter = self._drafter_for(session_id, request.prompt, telemetry)
         log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(prompt),
                  request.max_new_tokens, f" (resuming after {len(resume)})" if resume else "",
                  "auto" if window < 0 else window, "greedy" if params.greedy else params,
@@ -91,7 +95,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             # oversubscribes the cores (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
             await self.verifier.open(session_id, session.committed, params)
             prefill = time.perf_counter() - started
-            async for chunk in speculate(session, session_id, self.drafter, self.verifier, policy, params,
+            async for chunk in speculate(session, session_id, drafter, self.verifier, policy, params,
                                          pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss,
                                          max_unverified=self.max_unverified, telemetry=telemetry):
                 if chunk.unverified:
@@ -111,7 +115,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 self.costs.inherit_costs(telemetry)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
-            await self._close(session_id, drafting)
+            await self._close(session_id, drafter, drafting)
         tail = text.flush() if session.unverified == 0 else ""
         if tail:
             yield pb.GenerateResponse(chunk=pb.TokenChunk(text=tail, generated=len(session.generated),
@@ -135,7 +139,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             failovers=failover.failovers,
             recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified,
             pipelined=self.pipeline and drafting, optimistic_windows=stats.optimistic_windows,
-            optimistic_hits=stats.optimistic_hits))
+            optimistic_hits=stats.optimistic_hits,
+            drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters))))
 
     def _weights(self) -> WeightHead:
         if self._head is None:
@@ -178,9 +183,22 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 raise Unavailable("no verifier answered Info")
         return self._info
 
-    async def _close(self, session_id: str, drafted: bool) -> None:
+    def _drafter_for(self, session_id: str, prompt: str, telemetry: Telemetry):
+        """The drafter port of one generation: the only drafter, or the router's pick."""
+        if self.router is None:
+            return next(iter(self.drafters.values()))
+        if telemetry.verify_wall is not None:
+            self.router.verify_seconds = telemetry.verify_wall   # what earlier sessions measured
+        x = request_features(prompt)
+        decision = self.router.choose(x)
+        log.info("session %s: drafter %s (predicted acceptance %s; tok/s %s)", session_id, decision.drafter,
+                 ", ".join(f"{n} {a:.2f}" for n, a in decision.predicted_alpha.items()),
+                 ", ".join(f"{n} {r:.2f}" for n, r in decision.rates.items()))
+        return RoutedDrafter(self.drafters, SessionRouting(self.router, x, decision.drafter))
+
+    async def _close(self, session_id: str, drafter, drafted: bool) -> None:
         """Free both sides' session state; a failure here must not hide the generation's result."""
-        for side, wanted in ((self.verifier, True), (self.drafter, drafted)):
+        for side, wanted in ((self.verifier, True), (drafter, drafted)):
             if not wanted:
                 continue
             try:
