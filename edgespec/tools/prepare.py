@@ -13,7 +13,7 @@ from edgespec.backends.assets import PACKAGED, cache_root, ensure_model_dir
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="edgespec prepare-models", description=__doc__)
-    parser.add_argument("which", nargs="*", help="models to prepare: draft, target (default: both)")
+    parser.add_argument("which", nargs="*", help="models to prepare: draft, target, smollm2 (default: draft and target)")
     args = parser.parse_args()
     unknown = set(args.which) - set(PACKAGED)
     if unknown:

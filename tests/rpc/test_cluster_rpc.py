@@ -333,3 +333,19 @@ def test_heuristic_policy_cluster_output_equals_target_only(tmp_path):
         chunks, stats = collect(running.coordinator.address, PROMPTS[0], 48, -1)
     assert [t for c in chunks for t in c.token_ids] == target_only_greedy("tiny:7", list(PROMPTS[0].encode()), 48)
     assert stats.drafted_tokens > stats.rounds     # the heuristic grew the window past 1
+
+
+def test_router_picks_a_drafter_per_request_and_output_stays_exact(tmp_path):
+    """Two drafter services behind one coordinator: n-gram and a model. The router picks per
+    request, a session may switch once; every output equals target-only greedy."""
+    with LocalCluster(tmp_path, verifier_args=["--model", "tiny:7"], drafter_args=["--model", "tiny:7~1"],
+                      extra_drafters={"ngram": ["--backend", "ngram", "--vocab-size", "320"]},
+                      coordinator_args=["--tokenizer", "bytes", "--window", "4"]) as running:
+        used = set()
+        for prompt in ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "Speculative decoding is", "Hi!"]:
+            chunks, stats = collect(running.coordinator.address, prompt, 40, 4)
+            assert [t for c in chunks for t in c.token_ids] == target_only_greedy("tiny:7", list(prompt.encode()), 40)
+            assert stats.drafter and set(stats.drafter.split(">")) <= {"draft", "ngram"}
+            used.update(stats.drafter.split(">"))
+        log = (tmp_path / "coordinator.log").read_text()
+        assert "drafter" in log and "predicted acceptance" in log

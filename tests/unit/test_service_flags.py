@@ -16,7 +16,7 @@ def test_defaults():
     d = drafter_args([])
     assert (d.service.port, d.service.model, d.service.device, d.quantize) == (50062, "draft", "cpu", "auto")
     c = coordinator_args([])
-    assert (c.port, c.window, c.verifiers, c.drafter) == (50051, -1, ("127.0.0.1:50061",), "127.0.0.1:50062")
+    assert (c.port, c.window, c.verifiers, c.drafters) == (50051, -1, ("127.0.0.1:50061",), {"draft": "127.0.0.1:50062"})
     assert (c.pipeline, c.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
 
 
@@ -51,3 +51,10 @@ def test_bad_flag_values_exit_with_usage():
 def test_help_explains_every_service(module):
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0 and "edgespec" in out.stdout and "--port" in out.stdout
+
+
+def test_several_named_drafters_and_bad_lists():
+    assert coordinator_args(["--drafter", "draft=h:1,ngram=h:2"]).drafters == {"draft": "h:1", "ngram": "h:2"}
+    for bad in ["a=h:1,a=h:2", "=h:1", "a=", "h:1,h:2"]:
+        with pytest.raises(SystemExit):
+            coordinator_args(["--drafter", bad])
