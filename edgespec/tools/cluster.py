@@ -35,6 +35,7 @@ class Service:
     address: str = ""
     module: str = ""                  # how to start it again (LocalCluster.restart)
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None  # extra environment it was started with
     cpus: str | None = None
 
     def log_tail(self, lines: int = 30) -> str:
@@ -96,6 +97,7 @@ class LocalCluster:
     drafter_args: list[str] = field(default_factory=list)
     # More drafters, by name (the first one, drafter_args, is "draft"): the coordinator's router picks among them.
     extra_drafters: dict[str, list[str]] = field(default_factory=dict)
+    drafter_env: dict[str, str] = field(default_factory=dict)   # extra environment of the drafter processes
     coordinator_args: list[str] = field(default_factory=list)
     verifier_count: int = 1
     link: LinkProfile | None = None          # emulated edge-cloud link in front of every verifier
@@ -109,9 +111,10 @@ class LocalCluster:
             self.verifiers = [self._start("services.verifier", self.verifier_args, f"verifier{i or ''}",
                                           self.verifier_cpus) for i in range(self.verifier_count)]
             self.verifier = self.verifiers[0]
-            self.drafter = self._start("services.drafter", self.drafter_args, "drafter", self.edge_cpus)
+            self.drafter = self._start("services.drafter", self.drafter_args, "drafter", self.edge_cpus,
+                                       self.drafter_env)
             self.drafters = {"draft": self.drafter} | {
-                name: self._start("services.drafter", args, f"drafter-{name}", self.edge_cpus)
+                name: self._start("services.drafter", args, f"drafter-{name}", self.edge_cpus, self.drafter_env)
                 for name, args in self.extra_drafters.items()}
             drafter_flag = (self.drafter.address if not self.extra_drafters else
                             ",".join(f"{name}={service.address}" for name, service in self.drafters.items()))
@@ -127,9 +130,10 @@ class LocalCluster:
             raise
         return self
 
-    def _start(self, module: str, args: list[str], name: str, cpus: str | None) -> Service:
-        service = start_service(module, args, self.log_dir, name, cpus=cpus)
-        service.module, service.args, service.cpus = module, args, cpus
+    def _start(self, module: str, args: list[str], name: str, cpus: str | None,
+               env: dict[str, str] | None = None) -> Service:
+        service = start_service(module, args, self.log_dir, name, cpus=cpus, env=env)
+        service.module, service.args, service.cpus, service.env = module, args, cpus, env
         self.services.append(service)
         return service
 
@@ -144,7 +148,8 @@ class LocalCluster:
         if service.process.poll() is None:
             raise RuntimeError(f"{service.name} is still running")
         port = int(service.address.rsplit(":", 1)[1])
-        fresh = start_service(service.module, service.args, self.log_dir, service.name, port=port, cpus=service.cpus)
+        fresh = start_service(service.module, service.args, self.log_dir, service.name, port=port, cpus=service.cpus,
+                              env=service.env)
         service.process = fresh.process
 
     def stop(self) -> None:

@@ -119,3 +119,29 @@ def test_drafter_service_loads_the_onnx_backend(exported):
 def test_drafter_service_onnx_backend_needs_a_directory():
     with pytest.raises(SystemExit):
         drafter_args(["--backend", "onnx"])
+
+
+def test_drafter_service_serves_onnx_without_torch_and_output_stays_exact(exported, tmp_path):
+    """The whole edge side of an ONNX drafter — the drafter service process — with torch and
+    transformers unimportable; a generation through it equals target-only greedy."""
+    import asyncio
+
+    from edge_client.client import generate
+    from edgespec.tools.cluster import LocalCluster
+    from tests.tiny import target_only_greedy
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\nsys.modules['transformers'] = None\n")
+    with LocalCluster(tmp_path / "logs", verifier_args=["--model", SPEC],
+                      drafter_args=["--backend", "onnx", "--onnx-dir", str(exported / "fp32")],
+                      coordinator_args=["--tokenizer", "bytes", "--window", "3"],
+                      drafter_env={"PYTHONPATH": f"{shim}{os.pathsep}{ROOT}"}) as cluster:
+        async def go():
+            tokens = []
+            async for event in generate(cluster.coordinator.address, "def hello():", 24, 3, chat=False, timeout_seconds=60):
+                if event.HasField("chunk"):
+                    tokens += event.chunk.token_ids
+            return tokens
+        assert asyncio.run(go()) == target_only_greedy(SPEC, PROMPTS[0], 24)
+        assert "loading onnx draft model" in (tmp_path / "logs" / "drafter.log").read_text()
