@@ -30,6 +30,11 @@ class HFTokenizer:
 
         self._tok = AutoTokenizer.from_pretrained(path)
 
+    @property
+    def hf(self):
+        """The underlying transformers tokenizer (for plain text <-> ids without templates)."""
+        return self._tok
+
     def encode(self, prompt: str, chat: bool) -> list[int]:
         if chat and self._tok.chat_template:
             ids = self._tok.apply_chat_template([{"role": "user", "content": prompt}],

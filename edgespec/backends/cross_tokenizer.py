@@ -72,7 +72,7 @@ class HFCodec:
     no BOS added, special tokens kept as text both ways, no space clean-up."""
 
     def __init__(self, tokenizer: Any):
-        self.tokenizer = getattr(tokenizer, "_tok", tokenizer)
+        self.tokenizer = getattr(tokenizer, "hf", tokenizer)
 
     def __len__(self) -> int:
         return len(self.tokenizer)
