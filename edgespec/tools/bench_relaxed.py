@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     references.update({r["id"]: r["tokens"] for r in rows})
                 sets[set_name] = summarize(rows, references if temperature == 0.0 and references else None)
                 sets[set_name]["rows"] = rows
-            results.append({"name": name, "temperature": temperature, "relaxed": relaxed,
-                            "lossy": bool(relaxed), "verification": rows[0]["verification"], "sets": sets})
+            results.append({"name": name, "temperature": temperature, "relaxed": relaxed, "lossy": bool(relaxed),
+                            "verification": {s: v["rows"][0]["verification"] for s, v in sets.items()}, "sets": sets})
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"window": args.window, "problems": args.problems,
                                            "max_new_tokens": args.max_new_tokens, "results": results}, indent=1))
