@@ -1,16 +1,14 @@
 """Helpers for tests on tiny random-weight models: references and in-process ports."""
 from __future__ import annotations
 
-import asyncio
 import functools
 
 import torch
 
 from edgespec.backends.registry import TINY_EOS, load_lm
-from edgespec.drafter_engine import DrafterEngine
-from edgespec.rounds import Window
-from edgespec.verification import Verdict
-from edgespec.verifier_engine import VerifierEngine
+from edgespec.inprocess import InProcessDrafter, InProcessVerifier
+
+__all__ = ["InProcessDrafter", "InProcessVerifier", "target_only_greedy", "tiny"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -24,45 +22,3 @@ def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> lis
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=TINY_EOS, pad_token_id=0)
     return out[0, len(prompt):].tolist()
-
-
-class InProcessDrafter:
-    def __init__(self, engine: DrafterEngine, q_ids: int = 0):
-        self.engine = engine
-        self.q_ids = q_ids
-
-    async def open(self, session_id, tokens, params=None):
-        self.engine.open(session_id, tokens, *([params, self.q_ids] if params else []))
-
-    async def draft(self, session_id, base_position, append, k):
-        proposal = self.engine.draft(session_id, base_position, append, k)
-        return proposal.tokens, proposal.q
-
-    async def close(self, session_id):
-        self.engine.close(session_id)
-
-
-class InProcessVerifier:
-    """A verifier engine as the round loop's port (and as a failover endpoint)."""
-
-    def __init__(self, engine: VerifierEngine, address: str = "in-process"):
-        self.engine = engine
-        self.address = address
-
-    async def open(self, session_id, tokens, params=None):
-        self.engine.open(session_id, tokens, *([params] if params else []))
-
-    async def verify(self, session_id, window: Window) -> Verdict | None:
-        await asyncio.sleep(0)   # a real port yields to the event loop; pipelining relies on it
-        return self.engine.verify(session_id, window.base_position, window.draft, window.q,
-                                  window.params_fingerprint, window.parent).verdict
-
-    async def close(self, session_id):
-        self.engine.close(session_id)
-
-    async def discard(self, session_id):
-        self.engine.close(session_id)
-
-    def forget(self, session_id):
-        pass
-

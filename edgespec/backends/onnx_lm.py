@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from edgespec.backends.incremental import IncrementalLM
 from edgespec.verification import common_prefix_length
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class OnnxKV:
     tokens: list[int] = field(default_factory=list)
 
 
-class OnnxCausalLM:
+class OnnxCausalLM(IncrementalLM):
     """Greedy drafting and logits on an exported graph; one run at a time (callers serialize)."""
 
     def __init__(self, model_dir: str | Path, threads: int = 0):
@@ -97,30 +98,3 @@ class OnnxCausalLM:
         state.keys, state.values = present[0::2], present[1::2]
         state.tokens.extend(feed)
         return logits[0]
-
-    def prefill(self, state: OnnxKV, tokens: Sequence[int]) -> None:
-        """Cache all but the last token of ``tokens`` (the next call feeds that one)."""
-        if len(tokens) > 1:
-            self.logits(state, tokens[:-1])
-
-    def logits_rows(self, state: OnnxKV, seq: Sequence[int], last: int) -> np.ndarray:
-        """Logits after each of the last ``last`` positions of ``seq``: float32 [last, vocab]."""
-        rows = self.logits(state, seq)
-        if last > rows.shape[0]:
-            raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
-        return rows[-last:]
-
-    def next_tokens(self, state: OnnxKV, seq: Sequence[int], last: int) -> list[int]:
-        """Greedy choices after each of the last ``last`` positions of ``seq``."""
-        return self.logits_rows(state, seq, last).argmax(axis=-1).tolist()
-
-    def greedy_draft(self, state: OnnxKV, committed: Sequence[int], k: int) -> list[int]:
-        """Propose k tokens greedily after ``committed`` (k runs); the cache ends
-        holding committed + draft[:k-1], as TorchCausalLM's does."""
-        seq = list(committed)
-        draft: list[int] = []
-        for _ in range(k):
-            token = self.next_tokens(state, seq, 1)[0]
-            draft.append(token)
-            seq.append(token)
-        return draft

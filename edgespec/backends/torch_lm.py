@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig
 
+from edgespec.backends.incremental import IncrementalLM
 from edgespec.verification import common_prefix_length
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class KVState:
     tokens: list[int] = field(default_factory=list)
 
 
-class TorchCausalLM:
+class TorchCausalLM(IncrementalLM):
     """Greedy scoring with KV caches; one forward at a time (callers serialize)."""
 
     def __init__(self, model: torch.nn.Module, name: str, device: torch.device):
@@ -134,35 +135,5 @@ class TorchCausalLM:
         state.tokens.extend(feed)
         return out.logits[0].float()
 
-    def prefill(self, state: KVState, tokens: Sequence[int]) -> None:
-        """Cache all but the last token of ``tokens`` (the next call feeds that one)."""
-        if len(tokens) > 1:
-            self.logits(state, tokens[:-1])
-
-    def _last_rows(self, state: KVState, seq: Sequence[int], last: int) -> torch.Tensor:
-        rows = self.logits(state, seq)
-        if last > rows.shape[0]:
-            raise ValueError(f"asked for {last} positions but only {rows.shape[0]} were fed")
-        return rows[-last:]
-
-    def next_tokens(self, state: KVState, seq: Sequence[int], last: int) -> list[int]:
-        """Greedy choices after each of the last ``last`` positions of ``seq``."""
-        return self._last_rows(state, seq, last).argmax(dim=-1).tolist()
-
-    def logits_rows(self, state: KVState, seq: Sequence[int], last: int) -> np.ndarray:
-        """Logits after each of the last ``last`` positions of ``seq``: float32 [last, vocab]."""
-        return self._last_rows(state, seq, last).cpu().numpy()
-
-    def greedy_draft(self, state: KVState, committed: Sequence[int], k: int) -> list[int]:
-        """Propose k tokens greedily after ``committed`` (k forward calls).
-
-        Afterwards the cache holds committed + draft[:k-1]: the last draft token is
-        chosen but never fed, which is why a drafter crops (k - 1) - n on rollback.
-        """
-        seq = list(committed)
-        draft: list[int] = []
-        for _ in range(k):
-            token = self.next_tokens(state, seq, 1)[0]
-            draft.append(token)
-            seq.append(token)
-        return draft
+    def _numpy(self, rows: torch.Tensor) -> np.ndarray:
+        return rows.cpu().numpy()

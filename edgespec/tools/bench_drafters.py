@@ -37,39 +37,11 @@ from edgespec.verification import common_prefix_length
 log = logging.getLogger("edgespec.bench_drafters")
 
 
-class _Drafter:      # engines as the round loop's ports, in process
-    def __init__(self, engine):
-        self.engine = engine
-
-    async def open(self, session_id, tokens, params):
-        self.engine.open(session_id, tokens, params)
-
-    async def draft(self, session_id, base_position, append, k):
-        proposal = self.engine.draft(session_id, base_position, append, k)
-        return proposal.tokens, proposal.q
-
-    async def close(self, session_id):
-        self.engine.close(session_id)
-
-
-class _Verifier:
-    def __init__(self, engine):
-        self.engine = engine
-
-    async def open(self, session_id, tokens, params):
-        self.engine.open(session_id, tokens, params)
-
-    async def verify(self, session_id, window):
-        return self.engine.verify(session_id, window.base_position, window.draft, window.q,
-                                  window.params_fingerprint, window.parent).verdict
-
-    async def close(self, session_id):
-        self.engine.close(session_id)
-
-
 def make_references(target, draft, prompts: list[list[int]], max_new: int, eos: list[int]) -> list[list[int]]:
     """Target greedy continuations, made by speculative decoding in process (identical to target-only)."""
     from edgespec.drafter_engine import DrafterEngine
+    from edgespec.inprocess import InProcessDrafter, InProcessVerifier
+    from edgespec.sampling import SamplingParams
     from edgespec.session import SessionLog
     from edgespec.speculation import speculate
     from edgespec.verifier_engine import VerifierEngine
@@ -81,9 +53,9 @@ def make_references(target, draft, prompts: list[list[int]], max_new: int, eos: 
         session = SessionLog(prompt, max_new, frozenset(eos))
 
         async def go():
-            from edgespec.sampling import SamplingParams
             verifier.open("ref", prompt, SamplingParams())
-            async for _ in speculate(session, "ref", _Drafter(drafter), _Verifier(verifier), FixedWindow(3)):
+            async for _ in speculate(session, "ref", InProcessDrafter(drafter), InProcessVerifier(verifier),
+                                     FixedWindow(3)):
                 pass
             verifier.close("ref")
             drafter.close("ref")
@@ -154,12 +126,13 @@ def alpha_of(row: dict) -> float:
     return row["accepted"] / max(1, row["accepted"] + row["rounds"])
 
 
-def train_arms(names: list[str], rows: dict[str, list[dict]], indices: list[int], costs: dict[str, float]) -> list[Arm]:
+def train_arms(names: list[str], rows: dict[str, list[dict]], texts: list[str], indices: list[int],
+               costs: dict[str, float]) -> list[Arm]:
     arms = []
     for name in names:
         arm = Arm(name, costs[name])
         for i in indices:
-            arm.update(request_features(PROMPT_SET[i][1]), alpha_of(rows[name][i]))
+            arm.update(request_features(texts[i]), alpha_of(rows[name][i]))
         arms.append(arm)
     return arms
 
@@ -187,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer("draft")
-    if args.limit:
-        PROMPT_SET[:] = [p for c in CATEGORIES for p in [q for q in PROMPT_SET if q[0] == c][: args.limit]]
-    prompts = [tokenizer.encode(text, True) for _, text in PROMPT_SET]
+    prompt_set = ([p for c in CATEGORIES for p in [q for q in PROMPT_SET if q[0] == c][: args.limit]]
+                  if args.limit else PROMPT_SET)
+    texts = [text for _, text in prompt_set]
+    prompts = [tokenizer.encode(text, True) for text in texts]
     draft = load_lm("draft", device="cpu", quantize="int8")
     ref_path = Path(args.references)
     cached = json.loads(ref_path.read_text()) if ref_path.exists() else {}
@@ -226,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     router_rows: list[dict | None] = [None] * len(prompts)
     halves = [list(range(0, len(prompts), 2)), list(range(1, len(prompts), 2))]
     for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
-        router = Router(train_arms(names, rows, train, costs), verify_seconds=verify[args.window], explore=0.0)
+        router = Router(train_arms(names, rows, texts, train, costs), verify_seconds=verify[args.window], explore=0.0)
         for i in test:
-            x = request_features(PROMPT_SET[i][1])
+            x = request_features(prompt_set[i][1])
             decision = router.choose(x)
             routing = SessionRouting(router, x, decision.drafter)
             row = replay(None, prompts[i], refs[i], args.window, routing=routing, models=models, name=decision.drafter)
@@ -237,11 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     rows["router"] = router_rows
     table = {}
     for name in [*names, "router"]:
-        table[name] = {cat: summarize([r for r, (c, _) in zip(rows[name], PROMPT_SET) if c == cat], verify[args.window])
+        table[name] = {cat: summarize([r for r, (c, _) in zip(rows[name], prompt_set) if c == cat], verify[args.window])
                        for cat in CATEGORIES}
         table[name]["all"] = summarize(rows[name], verify[args.window])
     picks = {}
-    for r, (cat, _) in zip(rows["router"], PROMPT_SET):
+    for r, (cat, _) in zip(rows["router"], prompt_set):
         key = f"{cat}: {'>'.join(r['used'])}"
         picks[key] = picks.get(key, 0) + 1
     result = {"window": args.window, "tokens": args.tokens, "verify_seconds": verify, "draft_cost": costs,
@@ -251,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(table))
     print("router picks:", json.dumps(picks, indent=1))
     if args.weights_out:
-        router = Router(train_arms(names, rows, list(range(len(prompts))), costs), verify_seconds=verify[args.window])
+        router = Router(train_arms(names, rows, texts, list(range(len(prompts))), costs), verify_seconds=verify[args.window])
         weights = router.to_json() | {"meta": {"trained": time.strftime("%Y-%m-%d"), "prompts": len(prompts),
                                                "window": args.window, "tokens": args.tokens,
                                                "source": "edgespec bench-drafters --weights-out"}}

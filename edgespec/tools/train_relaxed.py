@@ -61,7 +61,7 @@ def tv_and_kl(p: np.ndarray, q: np.ndarray) -> tuple[float, np.ndarray]:
     return float(0.5 * np.abs(p - q).sum()), kl
 
 
-def positions(target, draft, tokenizer, prompt_ids: list[int], length: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def positions(target, draft, prompt_ids: list[int], length: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """p and q (T=1, restricted to a shared support) at each of ``length`` draft-written positions."""
     state = draft.new_state()
     seq = list(prompt_ids)
@@ -111,7 +111,7 @@ def collect(args, started: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
                     for i in list(HUMANEVAL_TRAIN)[: args.humaneval]]
     feats, tvs, kls, cats = [], [], [], []
     for n, (cat, ids) in enumerate(prompts, 1):
-        p1, q1, draft_tokens = positions(target, draft, tokenizer, ids, args.length)
+        p1, q1, draft_tokens = positions(target, draft, ids, args.length)
         f = features(p1, draft_tokens)
         f[:, FEATURES.index("offset")] = np.arange(len(draft_tokens)) % 4 / 16.0   # windows of ~4 in use
         for i in range(len(draft_tokens)):

@@ -1,5 +1,4 @@
 """The drafter router decides from features and learns from acceptance."""
-import numpy as np
 import pytest
 
 from edgespec.router import FEATURES, Arm, Router, SessionRouting, request_features
