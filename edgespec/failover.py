@@ -4,7 +4,10 @@ Each session is pinned to one verifier. When a call to it fails, the session is
 re-opened with its committed prefix — on another verifier if this one is
 unreachable (it is banned with exponential backoff), on the same one if it only
 lost the session (NOT_FOUND: restarted or evicted) or disagrees about the
-committed position (ABORTED) — and the window is sent again. Windows are
+committed position (ABORTED) — and the window is sent again. An overloaded
+verifier (RESOURCE_EXHAUSTED with a retry hint) keeps the session: the window
+is resent there after the hint, and re-homed only if the overload outlasts
+the recovery deadline. Windows are
 idempotent by (session_id, base_position) and uniforms come from (seed,
 position), so a resent window gets the verdict the lost one would have had:
 no committed token is lost, repeated or changed.
@@ -16,19 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
+from edgespec.metrics import CoordinatorMetrics
 from edgespec.pool import VerifierPool
 from edgespec.sampling import SamplingParams
 from edgespec.rounds import Window
+from edgespec.tracing import SESSION_ID, tracer
 from edgespec.verification import Verdict
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1   # how often to look for a usable verifier while none is
+MAX_OVERLOAD_WAIT_SECONDS = 2.0   # longest single back-off on an overloaded verifier's retry hint
 
 
 class EndpointPort(Protocol):
@@ -47,6 +54,7 @@ class EndpointPort(Protocol):
 class FailoverStats:
     failovers: int = 0             # re-opens of a session (on another verifier or the same one)
     recovery_seconds: float = 0.0  # time spent re-opening, seconds
+    overload_waits: int = 0        # windows resent after a RESOURCE_EXHAUSTED retry hint
 
 
 @dataclass(slots=True)
@@ -62,10 +70,11 @@ class _Pinned:
 
 class FailoverVerifier:
     def __init__(self, pool: VerifierPool, endpoints: Mapping[str, EndpointPort],
-                 recovery_deadline_seconds: float = 30.0):
+                 recovery_deadline_seconds: float = 30.0, metrics: CoordinatorMetrics | None = None):
         self.pool = pool
         self.endpoints = endpoints
         self.recovery_deadline = recovery_deadline_seconds   # give up re-homing after this, seconds
+        self.metrics = metrics                               # where failovers are counted; None = nowhere
         self._sessions: dict[str, _Pinned] = {}
 
     def address_of(self, session_id: str) -> str | None:
@@ -87,11 +96,25 @@ class FailoverVerifier:
 
     async def verify(self, session_id: str, window: Window) -> Verdict | None:
         pinned = self._sessions[session_id]
+        overloaded_since: float | None = None
         while True:
             address, epoch = pinned.address, pinned.epoch
             try:
                 verdict = await self.endpoints[address].verify(session_id, window)
-            except (Unavailable, ResourceExhausted) as error:
+            except ResourceExhausted as error:
+                # Overloaded but alive (a retry hint): the session is intact there, so back off and
+                # resend rather than re-home; re-home only if it stays overloaded past the deadline.
+                now = time.monotonic()
+                overloaded_since = overloaded_since or now
+                if error.retry_after_seconds is None or now - overloaded_since >= self.recovery_deadline:
+                    await self._recover(session_id, pinned, epoch, error, unreachable=True)
+                    continue
+                pinned.stats.overload_waits += 1
+                delay = min(error.retry_after_seconds, MAX_OVERLOAD_WAIT_SECONDS) * random.uniform(0.5, 1.0)
+                log.info("session %s: verifier %s overloaded; resending the window in %.2fs", session_id, address, delay)
+                await asyncio.sleep(delay)
+                continue
+            except Unavailable as error:
                 await self._recover(session_id, pinned, epoch, error, unreachable=True)
                 continue
             except (NotFound, Aborted) as error:
@@ -126,10 +149,17 @@ class FailoverVerifier:
             else:
                 log.warning("session %s: verifier %s lost the session (%s); re-opening", session_id, old, error)
             self.endpoints[old].forget(session_id)
-            await self._home(session_id, pinned, prefer=None if unreachable else old)
+            reason = "unreachable" if unreachable else "lost_session"
+            with tracer().start_as_current_span("failover", attributes={
+                    SESSION_ID: session_id, "edgespec.reason": reason, "edgespec.error": str(error),
+                    "edgespec.from_verifier": old}) as span:
+                await self._home(session_id, pinned, prefer=None if unreachable else old)
+                span.set_attribute("edgespec.to_verifier", pinned.address)
             seconds = time.monotonic() - started
             pinned.stats.failovers += 1
             pinned.stats.recovery_seconds += seconds
+            if self.metrics is not None:
+                self.metrics.failover(reason)
             log.info("session %s: re-opened on %s at position %d in %.3fs",
                      session_id, pinned.address, len(pinned.committed), seconds)
             if unreachable and old != pinned.address:

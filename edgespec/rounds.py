@@ -5,19 +5,32 @@ lazily and reopens it after a fault (target-only rounds meanwhile), commits
 verdicts into the session log and the window policy, and runs the degraded
 draft-only stream. The loops themselves live in edgespec.speculation (blocking)
 and edgespec.pipelining.
+
+Tracing: each window's round is a span, "round", with "draft", "verify" and
+"commit" children. The loops make a round's span current (trace.use_span) around
+the steps of that round and never across a yield; they start it explicitly rather
+than nesting `with` blocks because pipelined rounds overlap. The spans and the
+metrics go through the OpenTelemetry API only, a no-op until a service installs
+the SDK (edgespec.observability) — the core stays free of exporters and I/O.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence
+from typing import AsyncIterator, Iterator, Protocol, Sequence
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from edgespec.errors import Aborted, NotFound, Unavailable
+from edgespec.metrics import CoordinatorMetrics
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.session import SessionLog
 from edgespec.telemetry import RoundSample, Telemetry
+from edgespec.tracing import SESSION_ID, tracer
 from edgespec.verification import Verdict
 from edgespec.window import WindowPolicy
 
@@ -61,10 +74,12 @@ class Rounds:
     """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
 
     def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                 policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None):
+                 policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
+                 metrics: CoordinatorMetrics | None = None):
         self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (AWC)
+        self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
         self.drafter_synced = log.position   # the drafter's first drafter_synced tokens are committed ones
         # None while the drafter holds the session; else when to (re)open it there
@@ -77,19 +92,41 @@ class Rounds:
         self.next_seq += 1
         return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent)
 
+    def start_round(self, optimistic: bool = False) -> Span:
+        """The span of one window's round, child of the current span (the generation); not made current."""
+        return tracer().start_span("round", attributes={SESSION_ID: self.session_id, "edgespec.optimistic": optimistic})
+
+    async def verify(self, window: Window) -> Verdict | None:
+        """Send ``window`` to the verifier port, in a "verify" span (the port carries its context to the verifier)."""
+        with tracer().start_as_current_span("verify", kind=SpanKind.CLIENT,
+                                            attributes={"edgespec.window_seq": window.seq}) as span:
+            verdict = await self.verifier.verify(self.session_id, window)
+            if verdict is None:
+                span.set_attribute("edgespec.discarded", True)
+            else:
+                span.set_attributes({"edgespec.accepted": verdict.accepted,
+                                     "edgespec.verify_compute_seconds": verdict.compute_seconds,
+                                     "edgespec.queue_depth": verdict.queue_depth})
+            return verdict
+
     async def draft(self, k: int, speculative: Sequence[int] = ()) -> tuple[list[int], list[SparseDist] | None] | None:
-        """k tokens after the committed prefix + ``speculative``; None if the drafter is down."""
-        if not await self._drafter_ready():
-            return None
-        log_ = self.log
-        append = log_.committed[self.drafter_synced:] + list(speculative)
-        try:
-            result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
-        except (Unavailable, NotFound, Aborted) as error:
-            self._drafter_fault(error)
-            return None
-        self.drafter_synced = log_.position
-        return result
+        """k tokens after the committed prefix + ``speculative``; None if the drafter is down.
+
+        In a "draft" span, which covers (re)opening the drafter session when that comes first."""
+        with tracer().start_as_current_span("draft", kind=SpanKind.CLIENT, attributes={"edgespec.k": k}) as span:
+            if not await self._drafter_ready():
+                span.set_attribute("edgespec.drafter_down", True)
+                return None
+            log_ = self.log
+            append = log_.committed[self.drafter_synced:] + list(speculative)
+            try:
+                result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
+            except (Unavailable, NotFound, Aborted) as error:
+                self._drafter_fault(error)
+                span.set_attribute("edgespec.drafter_down", True)
+                return None
+            self.drafter_synced = log_.position
+            return result
 
     def _drafter_fault(self, error: Exception) -> None:
         log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
@@ -112,20 +149,29 @@ class Rounds:
         return True
 
     def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_seconds: float) -> Chunk:
+        """Record the round and commit its tokens; call it with the round's span current."""
         log_ = self.log
         position = len(log_.generated)
         log_.stats.draft_seconds += draft_seconds
         log_.stats.verify_seconds += verify_seconds
         address_of = getattr(self.verifier, "address_of", None)   # the failover port knows the link
-        self.telemetry.record(RoundSample(
+        sample = RoundSample(
             len(window.draft), verdict.accepted, draft_seconds, verify_seconds, verdict.compute_seconds,
             verdict.queue_depth, (address_of(self.session_id) if address_of else None) or "",
-            round_seconds=draft_seconds + verify_seconds))
-        self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
-        observe = getattr(self.drafter, "observe", None)   # a routed drafter learns from its verdicts
-        if observe is not None and window.draft:
-            observe(window.draft, verdict.accepted, draft_seconds)
-        return Chunk(log_.commit(list(window.draft), verdict), position)
+            round_seconds=draft_seconds + verify_seconds)
+        trace.get_current_span().set_attributes({
+            "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
+            "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
+            "edgespec.queue_depth": sample.queue_depth, "edgespec.verifier": sample.link})
+        with tracer().start_as_current_span("commit"):
+            self.telemetry.record(sample)
+            if self.metrics is not None:
+                self.metrics.round(sample)
+            self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
+            observe = getattr(self.drafter, "observe", None)   # a routed drafter learns from its verdicts
+            if observe is not None and window.draft:
+                observe(window.draft, verdict.accepted, draft_seconds)
+            return Chunk(log_.commit(list(window.draft), verdict), position)
 
     async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
         """No verifier: stream drafter tokens flagged unverified while looking for one.
@@ -176,7 +222,25 @@ class Rounds:
 
 
 async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
+    """Draft a window of up to k tokens at the committed position (none if k = 0 or the drafter is down)."""
     started = time.perf_counter()
     drafted = await rounds.draft(k) if k > 0 else None
     draft, q = drafted if drafted is not None else ([], None)
     return rounds.window(rounds.log.position, draft, q), (time.perf_counter() - started) if draft else 0.0
+
+
+@contextmanager
+def in_round(span: Span) -> Iterator[None]:
+    """Make a round's span current for one step of the round; an exception out of the step ends the round."""
+    try:
+        with trace.use_span(span):
+            yield
+    except BaseException:
+        span.end()
+        raise
+
+
+def end_round(span: Span, reason: str) -> None:
+    """End a round whose window will not be committed (an optimistic window that missed, or was never sent)."""
+    span.set_attribute("edgespec.dropped", reason)
+    span.end()

@@ -9,7 +9,15 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from edgespec.logs import FORMATS as LOG_FORMATS
 from edgespec.security import ServerSecurity
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilityConfig:
+    metrics_port: int | None    # Prometheus /metrics port (0 = any free port, logged); None = no endpoint
+    otlp_endpoint: str | None   # OTLP gRPC collector for spans and metrics, e.g. http://127.0.0.1:4317; None = off
+    log_format: str             # "text" (one line per record) | "json" (one object per line, with ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +32,7 @@ class ModelServiceConfig:
     max_session_tokens: int  # largest committed length of a session, tokens
     grace_seconds: float     # drain time on shutdown, seconds
     security: ServerSecurity # TLS, auth, per-client limits
+    observability: ObservabilityConfig  # metrics endpoint, OTLP export, log format
 
 
 class EnvDefaults:
@@ -52,6 +61,7 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
                         help="largest committed length of a session, tokens (default %(default)s)")
     parser.add_argument("--grace", type=float, default=float(env("grace", "5")), help="shutdown drain, seconds (default %(default)s)")
     add_security_flags(parser, env)
+    add_observability_flags(parser, env)
     return parser
 
 
@@ -78,6 +88,32 @@ def add_security_flags(parser: argparse.ArgumentParser, env: EnvDefaults) -> Non
                        help="largest gRPC message, bytes (default %(default)s)")
 
 
+def add_observability_flags(parser: argparse.ArgumentParser, env: EnvDefaults) -> None:
+    """Metrics, traces and log format: the same flags on every service."""
+    group = parser.add_argument_group("observability", "Prometheus metrics, OpenTelemetry traces and metrics over "
+                                      "OTLP, structured logs (README.md, Observability)")
+    group.add_argument("--metrics-port", type=int, default=_optional_int(env("metrics-port", "")),
+                       help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST = --host); 0 = any free port, "
+                            "logged as 'metrics on http://...'; unset = no endpoint (default)")
+    group.add_argument("--otlp-endpoint", default=env("otlp-endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")),
+                       help="export spans and metrics to this OTLP gRPC collector, e.g. http://127.0.0.1:4317 "
+                            "(plaintext) or https://HOST:4317 (TLS); also read from OTEL_EXPORTER_OTLP_ENDPOINT; "
+                            "OTEL_BSP_SCHEDULE_DELAY and OTEL_METRIC_EXPORT_INTERVAL set how often (default: off)")
+    group.add_argument("--log-format", default=env("log-format", "text"), choices=LOG_FORMATS,
+                       help="text: one line per record; json: one object per line with time, level, logger, message "
+                            "and the session_id, request_id, trace_id and span_id of the call (default %(default)s)")
+
+
+def _optional_int(text: str) -> int | None:
+    return int(text) if text.strip() else None
+
+
+def observability_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ObservabilityConfig:
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port must be 0..65535 (0 = any free port), got {args.metrics_port}")
+    return ObservabilityConfig(args.metrics_port, args.otlp_endpoint or None, args.log_format)
+
+
 def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerSecurity:
     try:
         return ServerSecurity(args.tls_cert, args.tls_key, args.tls_client_ca, args.auth_tokens,
@@ -88,4 +124,5 @@ def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def model_service_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelServiceConfig:
     return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,
-                              args.max_window, args.max_session_tokens, args.grace, security_config(parser, args))
+                              args.max_window, args.max_session_tokens, args.grace, security_config(parser, args),
+                              observability_config(parser, args))

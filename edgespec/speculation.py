@@ -25,7 +25,10 @@ import logging
 import time
 from typing import AsyncIterator
 
+from opentelemetry import trace
+
 from edgespec.errors import Unavailable
+from edgespec.metrics import CoordinatorMetrics
 from edgespec.pipelining import pipelined
 from edgespec.rounds import Chunk, DrafterPort, Rounds, VerifierPort, Window, draft_window
 from edgespec.sampling import SamplingParams
@@ -41,7 +44,8 @@ log = logging.getLogger(__name__)
 async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
-                    telemetry: Telemetry | None = None) -> AsyncIterator[Chunk]:
+                    telemetry: Telemetry | None = None, metrics: CoordinatorMetrics | None = None
+                    ) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -50,8 +54,9 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
     on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
     with at most ``max_unverified`` unverified tokens ahead of the verified ones.
     telemetry: where each round is recorded (the policy may read the same object).
+    metrics: where each committed round is counted (None: nowhere). Spans go to the global tracer.
     """
-    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry)
+    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry, metrics)
     loop = pipelined if pipeline else _blocking
     while log_.finish_reason is None:
         try:
@@ -70,7 +75,9 @@ async def _blocking(rounds: Rounds) -> AsyncIterator[Chunk]:
     log_ = rounds.log
     while log_.finish_reason is None:
         k = log_.clamp_window(rounds.policy.choose())
-        window, draft_seconds = await draft_window(rounds, k)
-        started = time.perf_counter()
-        verdict = await rounds.verifier.verify(rounds.session_id, window)
-        yield rounds.commit(window, verdict, draft_seconds, time.perf_counter() - started)
+        with trace.use_span(rounds.start_round(), end_on_exit=True):
+            window, draft_seconds = await draft_window(rounds, k)
+            started = time.perf_counter()
+            verdict = await rounds.verify(window)
+            chunk = rounds.commit(window, verdict, draft_seconds, time.perf_counter() - started)
+        yield chunk   # outside the span: a yield would leave it current in the consumer's code

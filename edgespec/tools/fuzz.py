@@ -106,6 +106,10 @@ def message_strategy(descriptor: d.Descriptor, depth: int = 0) -> st.SearchStrat
     cls = GetMessageClass(descriptor)
     optional: dict[str, st.SearchStrategy] = {}
     for f in descriptor.fields:
+        if f.type == d.FieldDescriptor.TYPE_MESSAGE and f.message_type.GetOptions().map_entry:
+            key, value = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
+            optional[f.name] = st.dictionaries(_scalar(key), _scalar(value), max_size=4)   # e.g. trace context
+            continue
         if f.type == d.FieldDescriptor.TYPE_MESSAGE:
             if depth >= 2:
                 continue

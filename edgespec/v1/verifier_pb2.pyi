@@ -48,7 +48,14 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, committed_position: _Optional[int] = ..., prefill_seconds: _Optional[float] = ...) -> None: ...
 
 class Window(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "draft_tokens", "params_fingerprint", "draft_probs", "optimistic", "parent_token")
+    __slots__ = ("session_id", "window_seq", "base_position", "draft_tokens", "params_fingerprint", "draft_probs", "optimistic", "parent_token", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +64,7 @@ class Window(_message.Message):
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     OPTIMISTIC_FIELD_NUMBER: _ClassVar[int]
     PARENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     window_seq: int
     base_position: int
@@ -65,7 +73,8 @@ class Window(_message.Message):
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     optimistic: bool
     parent_token: int
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_seconds", "queue_depth", "discarded", "target_logprob")

@@ -9,9 +9,10 @@ import logging
 import os
 from dataclasses import dataclass
 
-from edgespec import rpc
+from edgespec import logs, rpc
 from edgespec.security import ServerSecurity
-from edgespec.service_flags import EnvDefaults, add_security_flags, security_config
+from edgespec.service_flags import (EnvDefaults, ObservabilityConfig, add_observability_flags, add_security_flags,
+                                    observability_config, security_config)
 from edgespec.transport import ClientSecurity, read_token
 
 log = logging.getLogger("edgespec.coordinator")
@@ -41,6 +42,7 @@ class CoordinatorConfig:
     grace_seconds: float       # drain time on shutdown, seconds
     security: ServerSecurity   # TLS, auth and per-client limits of our own port
     upstream: ClientSecurity   # how we reach the drafter and the verifiers
+    observability: ObservabilityConfig  # metrics endpoint, OTLP export, log format
     router_weights: str = ""   # router weights JSON; "" = the shipped ones
 
 
@@ -109,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
     flag_env = EnvDefaults("EDGESPEC_COORDINATOR")
     add_security_flags(parser, flag_env)
+    add_observability_flags(parser, flag_env)
     upstream = parser.add_argument_group("upstream security", "how the coordinator reaches the drafter and the verifiers")
     for flag, help_ in (("upstream-tls-ca", "PEM CA: connect with TLS, trusting this CA (default: plaintext)"),
                         ("upstream-tls-cert", "PEM certificate presented to them (mutual TLS)"),
@@ -128,7 +131,8 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
                              a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.pipeline == "on",
                              a.on_verifier_loss, a.max_unverified_tokens, a.failover_deadline, a.ban, a.max_ban, a.grace,
-                             security_config(parser, a), upstream_security, a.router_weights)
+                             security_config(parser, a), upstream_security, observability_config(parser, a),
+                             a.router_weights)
 
 
 def parse_drafters(parser, value: str) -> dict[str, str]:
@@ -150,13 +154,18 @@ def parse_drafters(parser, value: str) -> dict[str, str]:
 async def main(config: CoordinatorConfig) -> None:
     import asyncio
 
+    from edgespec import observability
     from edgespec.failover import FailoverVerifier
+    from edgespec.metrics import CoordinatorMetrics
     from edgespec.pool import VerifierPool
     from edgespec.security import SessionOwners, server_parts
     from edgespec.tokenizer import load_tokenizer
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
     from services.coordinator.servicer import CoordinatorServicer, register
 
+    exports = observability.setup("edgespec-coordinator", config.observability.metrics_port,
+                                  config.observability.otlp_endpoint, config.host)
+    metrics = CoordinatorMetrics()
     tokenizer = load_tokenizer(config.tokenizer)
     drafters = {name: GrpcDrafter(address, config.deadline_seconds, config.q_ids, config.upstream)
                 for name, address in config.drafters.items()}
@@ -168,7 +177,7 @@ async def main(config: CoordinatorConfig) -> None:
     endpoints = {address: GrpcVerifier(address, config.deadline_seconds, config.upstream)
                  for address in config.verifiers}
     pool = VerifierPool(config.verifiers, config.ban_seconds, config.max_ban_seconds)
-    verifier = FailoverVerifier(pool, endpoints, config.failover_deadline_seconds)
+    verifier = FailoverVerifier(pool, endpoints, config.failover_deadline_seconds, metrics)
 
     def health_changed(address: str, serving: bool) -> None:
         if pool.endpoints[address].serving != serving:
@@ -180,7 +189,7 @@ async def main(config: CoordinatorConfig) -> None:
                                    config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
                                    config.auto_policy, config.pipeline, config.on_verifier_loss,
                                    config.max_unverified, SessionOwners(config.security.max_sessions_per_client),
-                                   router)
+                                   router, metrics)
     credentials, interceptors = server_parts(config.security)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
@@ -195,8 +204,10 @@ async def main(config: CoordinatorConfig) -> None:
         await drafter.aclose()
     for endpoint in endpoints.values():
         await endpoint.aclose()
+    exports.shutdown()
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rpc.run(main(parse_args()))
+    config = parse_args()
+    logs.configure(config.observability.log_format)
+    rpc.run(main(config))

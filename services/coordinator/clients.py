@@ -1,7 +1,10 @@
 """gRPC clients for the drafter and the verifier, as the round loop's ports.
 
 grpc errors become domain errors here (edgespec.rpc.from_rpc_error) and nowhere
-else on the coordinator side.
+else on the coordinator side. Unary calls carry the current trace context and
+the generation's request id in their metadata; a VerifyStream carries the
+request id in its metadata, and each window its round's trace context in
+Window.trace_context (one stream carries many rounds).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Callable, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgespec import errors, rpc
+from edgespec import errors, logs, rpc, tracing
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from edgespec.rounds import Window
@@ -50,7 +53,7 @@ class GrpcDrafter:
 
     async def _call(self, method, request):
         try:
-            return await method(request, timeout=self._deadline)
+            return await method(request, timeout=self._deadline, metadata=outgoing_metadata())
         except grpc.aio.AioRpcError as error:
             raise rpc.from_rpc_error(error, f"drafter {self.address}") from error
 
@@ -80,8 +83,12 @@ class GrpcVerifier:
     async def verify(self, session_id: str, window: Window) -> Verdict | None:
         stream = self._streams.get(session_id)
         if stream is None or stream.error is not None:
-            stream = self._streams[session_id] = _VerdictStream(self._stub.VerifyStream(), self.address)
-        reply = await stream.send(window_to_pb(session_id, window), self._deadline)
+            # The stream's metadata carries the request id; each window carries its own round's trace context.
+            stream = self._streams[session_id] = _VerdictStream(self._stub.VerifyStream(metadata=request_metadata()),
+                                                                self.address)
+        message = window_to_pb(session_id, window)
+        tracing.inject(message.trace_context)
+        reply = await stream.send(message, self._deadline)
         return None if reply.discarded else Verdict(reply.accepted, reply.next_token, reply.verify_seconds,
                                                     reply.queue_depth, reply.target_logprob)
 
@@ -118,7 +125,7 @@ class GrpcVerifier:
 
     async def _call(self, method, request):
         try:
-            return await method(request, timeout=self._deadline)
+            return await method(request, timeout=self._deadline, metadata=outgoing_metadata())
         except grpc.aio.AioRpcError as error:
             raise rpc.from_rpc_error(error, f"verifier {self.address}") from error
 
@@ -190,6 +197,16 @@ class _VerdictStream:
         self._fail(errors.Unavailable(f"verifier {self.address}: stream closed"))
         self.call.cancel()
         self._reader.cancel()
+
+
+def outgoing_metadata() -> list[tuple[str, str]]:
+    """Trace context and request id for a unary call, so the callee's spans and logs join the generation's."""
+    return tracing.outgoing_metadata() + request_metadata()
+
+
+def request_metadata() -> list[tuple[str, str]]:
+    request_id = logs.request_id.get()
+    return [(logs.REQUEST_ID_KEY, request_id)] if request_id else []
 
 
 def _retrieved(future: asyncio.Future) -> None:

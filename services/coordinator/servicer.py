@@ -1,4 +1,10 @@
-"""gRPC servicer for the coordinator: validate, run the round loop, stream tokens."""
+"""gRPC servicer for the coordinator: validate, run the round loop, stream tokens.
+
+Each generation is one trace: a "generate" span (child of the client's span when
+its metadata carries one) over the rounds' spans; its logs carry its session id
+and request id (the client's x-request-id, or a new one, echoed in the initial
+metadata).
+"""
 from __future__ import annotations
 
 import logging
@@ -7,11 +13,13 @@ import time
 import uuid
 
 import grpc
+from opentelemetry.trace import Span
 
-from edgespec import rpc
+from edgespec import logs, rpc, tracing
 from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
 from edgespec.failover import FailoverVerifier
 from edgespec.limits import check_token_ids
+from edgespec.metrics import CoordinatorMetrics
 from edgespec.sampling import check_params
 from edgespec.security import SessionOwners, current_identity
 from edgespec.session import SessionLog
@@ -36,7 +44,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
                  auto_max_window: int = 4, auto_policy: str = "goodput", pipeline: bool = False,
                  on_verifier_loss: str = "fail", max_unverified: int = 256,
-                 owners: SessionOwners | None = None, router: Router | None = None):
+                 owners: SessionOwners | None = None, router: Router | None = None,
+                 metrics: CoordinatorMetrics | None = None):
         self.tokenizer = tokenizer
         self.drafters = drafters                 # by name; one unless a router picks among them
         self.router = router
@@ -54,9 +63,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.owners = owners or SessionOwners(64) # generations in progress per client identity
         self.costs = Telemetry()                 # costs measured by earlier sessions (links, draft, verify by window)
         self._head: WeightHead | None = None     # relaxed verification: the per-task weights, loaded on first use
+        self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
 
     async def Generate(self, request: pb.GenerateRequest, context):
         session_id = uuid.uuid4().hex
+        metadata = context.invocation_metadata()
+        request_id = logs.request_id_from(metadata) or uuid.uuid4().hex
+        logs.bind(session_id, request_id)
+        await context.send_initial_metadata(((logs.REQUEST_ID_KEY, request_id),))
+        with tracing.server_span("generate", tracing.incoming_carrier(metadata),
+                                 {tracing.SESSION_ID: session_id, tracing.REQUEST_ID: request_id}) as span:
+            async for response in self._generate(request, context, session_id, span):
+                yield response
+
+    async def _generate(self, request: pb.GenerateRequest, context, session_id: str, span: Span):
         try:
             window = self._check(request)
             params = params_from_pb(request.sampling, default_seed=secrets.randbits(63))
@@ -97,7 +117,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             prefill = time.perf_counter() - started
             async for chunk in speculate(session, session_id, drafter, self.verifier, policy, params,
                                          pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss,
-                                         max_unverified=self.max_unverified, telemetry=telemetry):
+                                         max_unverified=self.max_unverified, telemetry=telemetry,
+                                         metrics=self.metrics):
                 if chunk.unverified:
                     unverified_text = unverified_text or TextStream(self.tokenizer)
                     piece = unverified_text.push(chunk.tokens)
@@ -108,6 +129,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     position=chunk.position, unverified=chunk.unverified))
         except EdgespecError as error:
             log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
+            self.metrics.failed()
             await rpc.abort(context, error)
         finally:
             self.owners.release(session_id)
@@ -127,6 +149,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                  "link rtt %.1f ms (jitter %.1f), verifier queue %.2f", session_id, len(session.generated), seconds,
                  len(session.generated) / seconds, stats.acceptance_rate, stats.mean_accepted_length,
                  1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
+        self.metrics.generation(session.finish_reason or "", len(session.generated), seconds - prefill)
+        span.set_attributes({"edgespec.prompt_tokens": len(prompt), "edgespec.new_tokens": len(session.generated),
+                             "edgespec.rounds": stats.rounds, "edgespec.window_policy": self._policy_label(window),
+                             "edgespec.acceptance": stats.acceptance_rate,
+                             "edgespec.finish_reason": session.finish_reason or "",
+                             "edgespec.verifier": served_by, "edgespec.failovers": failover.failovers})
         yield pb.GenerateResponse(stats=pb.GenerationStats(
             prompt_tokens=len(prompt), new_tokens=len(session.generated), rounds=stats.rounds,
             drafted_tokens=stats.drafted, accepted_tokens=stats.accepted, acceptance_rate=stats.acceptance_rate,
@@ -159,6 +187,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         if not -1 <= request.window <= self.max_window:
             raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{self.max_window}, got {request.window}")
         return self.default_window if request.window == -1 else request.window
+
+    def _policy_label(self, window: int) -> str:
+        return f"fixed {window}" if window >= 0 else self.auto_policy
 
     def _policy(self, window: int, telemetry: Telemetry) -> WindowPolicy:
         if window >= 0:

@@ -1,13 +1,19 @@
-"""gRPC servicer for the drafter: protobuf in, one engine call, protobuf out."""
+"""gRPC servicer for the drafter: protobuf in, one engine call, protobuf out.
+
+Draft and OpenSession run in a server span, child of the coordinator's span
+when the call's metadata carries one; every call's logs carry its session id
+(and the coordinator's request id).
+"""
 from __future__ import annotations
 
 import logging
 
 import grpc
 
-from edgespec import rpc
+from edgespec import logs, rpc, tracing
 from edgespec.drafter_engine import DrafterEngine
 from edgespec.errors import EdgespecError
+from edgespec.metrics import DrafterMetrics
 from edgespec.security import SessionOwners, current_identity
 from edgespec.v1 import drafter_pb2 as pb
 from edgespec.wire import dists_to_pb, params_from_pb
@@ -19,38 +25,45 @@ log = logging.getLogger(__name__)
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def __init__(self, engine: DrafterEngine, worker: ModelWorker, info: pb.DrafterInfoResponse,
-                 owners: SessionOwners):
+                 owners: SessionOwners, metrics: DrafterMetrics | None = None):
         self.engine = engine
         self.worker = worker
         self.info = info
         self.owners = owners     # each session answers only to the client that opened it
+        self.metrics = metrics or DrafterMetrics()
 
     async def Info(self, request, context):
         return self.info
 
     async def OpenSession(self, request: pb.DrafterOpenRequest, context):
         new = False
-        try:
-            new = self.owners.claim(request.session_id, current_identity())
-            position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
-                                                 params_from_pb(request.sampling), request.q_ids)
-        except EdgespecError as error:
-            if new:
-                self.owners.release(request.session_id)
-            await rpc.abort(context, error)
+        with _call_span("drafter.open_session", request.session_id, context, {"edgespec.tokens": len(request.tokens)}):
+            try:
+                new = self.owners.claim(request.session_id, current_identity())
+                position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
+                                                     params_from_pb(request.sampling), request.q_ids)
+            except EdgespecError as error:
+                if new:
+                    self.owners.release(request.session_id)
+                await rpc.abort(context, error)
         log.info("session %s opened at position %d", request.session_id, position)
         return pb.DrafterOpenResponse(committed_position=position)
 
     async def Draft(self, request: pb.DraftRequest, context):
-        try:
-            self.owners.check(request.session_id, current_identity())
-            proposal, _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
-                                                 list(request.append), request.k)
-        except EdgespecError as error:
-            await rpc.abort(context, error)
+        with _call_span("drafter.draft", request.session_id, context,
+                        {"edgespec.k": request.k, "edgespec.base_position": request.base_position}) as span:
+            try:
+                self.owners.check(request.session_id, current_identity())
+                proposal, _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
+                                                     list(request.append), request.k)
+            except EdgespecError as error:
+                await rpc.abort(context, error)
+            span.set_attribute("edgespec.draft_seconds", proposal.seconds)
+        self.metrics.draft(len(proposal.tokens), proposal.seconds)
         return pb.DraftResponse(tokens=proposal.tokens, draft_seconds=proposal.seconds, probs=dists_to_pb(proposal.q))
 
     async def Crop(self, request: pb.CropRequest, context):
+        _bind(request.session_id, context)
         try:
             self.owners.check(request.session_id, current_identity())
             position, _ = await self.worker.call(self.engine.crop, request.session_id, request.position)
@@ -59,6 +72,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return pb.CropResponse(committed_position=position)
 
     async def CloseSession(self, request: pb.DrafterCloseRequest, context):
+        _bind(request.session_id, context)
         try:
             self.owners.check(request.session_id, current_identity())
             try:
@@ -69,6 +83,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             await rpc.abort(context, error)
         log.info("session %s closed", request.session_id)
         return pb.DrafterCloseResponse()
+
+
+def _bind(session_id: str, context) -> None:
+    logs.bind(session_id, logs.request_id_from(context.invocation_metadata()))
+
+
+def _call_span(name: str, session_id: str, context, attributes: dict):
+    """Bind the call's log ids and open its server span (child of the caller's, from the metadata)."""
+    _bind(session_id, context)
+    return tracing.server_span(name, tracing.incoming_carrier(context.invocation_metadata()),
+                               {tracing.SESSION_ID: session_id, **attributes})
 
 
 def register(servicer: DrafterServicer):

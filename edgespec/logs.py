@@ -1,0 +1,74 @@
+"""Service logs: today's text lines, or JSON objects carrying session, request and trace ids.
+
+The ids live in context variables. A servicer binds them at the start of each
+call; grpc.aio runs every call in its own asyncio task, and tasks started from
+it inherit them, so every record made on the call's behalf carries them
+(records made on a model worker thread do not). A filter on the handler copies
+them, and the current span's trace and span ids, onto each record.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from contextvars import ContextVar
+from datetime import datetime, timezone
+from typing import Sequence
+
+from opentelemetry import trace
+
+REQUEST_ID_KEY = "x-request-id"   # gRPC metadata: the caller's request id; the coordinator echoes it back
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+FORMATS = ("text", "json")
+
+session_id: ContextVar[str] = ContextVar("edgespec_session_id", default="")
+request_id: ContextVar[str] = ContextVar("edgespec_request_id", default="")
+
+_IDS = ("session_id", "request_id", "trace_id", "span_id")
+
+
+def bind(session: str = "", request: str = "") -> None:
+    """Tag this task's log records (and those of tasks it starts) with these ids; "" leaves one unset."""
+    session_id.set(session)
+    request_id.set(request)
+
+
+def request_id_from(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
+    """The caller's ``x-request-id`` metadata value; "" if it sent none."""
+    for key, value in metadata or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str):
+            return value
+    return ""
+
+
+class ContextFilter(logging.Filter):
+    """Copies the bound ids and the current span's ids onto every record (never drops one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.session_id = session_id.get()
+        record.request_id = request_id.get()
+        span = trace.get_current_span().get_span_context()
+        record.trace_id = trace.format_trace_id(span.trace_id) if span.is_valid else ""
+        record.span_id = trace.format_span_id(span.span_id) if span.is_valid else ""
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the ids that are known."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+                 "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        entry.update((key, getattr(record, key)) for key in _IDS if getattr(record, key, ""))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure(log_format: str, level: int = logging.INFO) -> None:
+    """Send the root logger's records to stderr as ``log_format`` ("text" or "json")."""
+    if log_format not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {log_format!r}")
+    handler = logging.StreamHandler()
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
