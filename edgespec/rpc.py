@@ -51,7 +51,8 @@ def from_rpc_error(error: grpc.aio.AioRpcError, peer: str) -> errors.EdgespecErr
     if code == grpc.StatusCode.NOT_FOUND:
         return errors.NotFound(detail)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.ResourceExhausted(detail)
+        hint = dict(error.trailing_metadata() or ()).get(RETRY_AFTER_KEY)
+        return errors.ResourceExhausted(detail, int(hint) / 1000 if hint and hint.isdigit() else None)
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return errors.Unauthenticated(detail)
     if code == grpc.StatusCode.PERMISSION_DENIED:

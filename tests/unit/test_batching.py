@@ -1,0 +1,332 @@
+"""Cross-session batching, the bounded queue, KV memory limits and idle eviction — on tiny real models.
+
+The scheduler, engine and model are real; only the clock is injected (TTL tests).
+"""
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from edgespec.backends.registry import TINY_EOS
+from edgespec.batching import BatchPolicy, VerifyScheduler
+from edgespec.drafter_engine import DrafterEngine
+from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
+from edgespec.failover import FailoverVerifier
+from edgespec.pool import VerifierPool
+from edgespec.rounds import Window
+from edgespec.session import SessionLog
+from edgespec.speculation import speculate
+from edgespec.verification import Verdict
+from edgespec.verifier_engine import VerifierEngine, VerifierLimits, WindowRequest
+from edgespec.window import FixedWindow, GoodputWindow
+from edgespec.worker import ModelWorker
+from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
+
+TARGET, DRAFT = "tiny:3", "tiny:3~1"
+PROMPTS = [list(p) for p in (b"def hello():", b"The capital of France is", b"Hi!", b"x",
+                             b"for i in range(10):\n    print(i)", b"import numpy as np", b"SELECT * FROM", b"# TODO")]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class ScheduledVerifier:
+    """The round loop's verifier port through the batching scheduler (what the servicer does, minus gRPC)."""
+
+    def __init__(self, scheduler: VerifyScheduler):
+        self.scheduler = scheduler
+        self.address = "scheduled"
+
+    async def open(self, session_id, tokens, params=None):
+        self.scheduler.engine.open(session_id, tokens)
+
+    async def verify(self, session_id, window: Window) -> Verdict | None:
+        self.scheduler.streams += 1
+        try:
+            result, depth = await self.scheduler.verify(WindowRequest(session_id, window.base_position, window.draft,
+                                                                      window.q, window.params_fingerprint, window.parent))
+        finally:
+            self.scheduler.streams -= 1
+        return result.verdict
+
+    async def close(self, session_id):
+        self.scheduler.engine.close(session_id)
+
+    async def discard(self, session_id):
+        self.scheduler.engine.close(session_id)
+
+    def forget(self, session_id):
+        pass
+
+
+def generate_concurrently(engine: VerifierEngine, policy: BatchPolicy, windows: list[int], max_new: int = 24,
+                          pipeline: bool = False) -> tuple[list[list[int]], list[int]]:
+    """Run one session per prompt at once through one scheduler; returns their outputs and the batch sizes."""
+    batches: list[int] = []
+
+    async def go():
+        scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"), policy, lambda done: batches.append(done.windows))
+        scheduler.streams = len(PROMPTS)   # every session has a stream open for the whole run
+        port = ScheduledVerifier(scheduler)
+        drafter = DrafterEngine(tiny(DRAFT))
+
+        async def one(i: int, prompt: list[int]) -> list[int]:
+            log = SessionLog(prompt, max_new, frozenset({TINY_EOS}))
+            engine.open(f"s{i}", prompt)
+            k = windows[i % len(windows)]
+            policy_ = GoodputWindow(max_k=4) if k < 0 else FixedWindow(k)
+            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_, pipeline=pipeline):
+                pass
+            assert engine.committed(f"s{i}") == log.committed
+            return log.generated
+
+        try:
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+        finally:
+            scheduler.worker.shutdown()
+
+    return asyncio.run(go()), batches
+
+
+@pytest.mark.parametrize("windows", [[3], [0, 1, 2, 4, -1]], ids=["k3", "mixed-windows"])
+@pytest.mark.parametrize("pipeline", [False, True], ids=["blocking", "pipelined"])
+def test_batched_sessions_equal_target_only(windows, pipeline):
+    outputs, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]),
+                                             BatchPolicy(max_batch=8, wait_seconds=0.05), windows, pipeline=pipeline)
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out == target_only_greedy(TARGET, prompt, 24)
+    assert max(batches) > 1, "no two sessions ever shared a forward"
+    assert max(batches) <= 8
+
+
+def test_batching_off_is_one_window_per_forward():
+    outputs, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]), BatchPolicy(max_batch=1), [3])
+    assert set(batches) == {1}
+    assert outputs[0] == target_only_greedy(TARGET, PROMPTS[0], 24)
+
+
+def test_max_batch_bounds_a_forward():
+    _, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]), BatchPolicy(max_batch=3,
+                                       wait_seconds=0.05), [2], max_new=12)
+    assert max(batches) == 3
+
+
+def test_a_batch_equals_the_same_windows_one_by_one():
+    target = tiny(TARGET)
+    batched, single = VerifierEngine(target, [TINY_EOS]), VerifierEngine(target, [TINY_EOS])
+    requests = []
+    for i, prompt in enumerate(PROMPTS):
+        for engine in (batched, single):
+            engine.open(f"s{i}", prompt)
+        requests.append(WindowRequest(f"s{i}", len(prompt), tuple(range(40, 40 + i % 5))))
+    results = batched.verify_batch(requests)
+    for request, result in zip(requests, results):
+        alone = single.verify(request.session_id, request.base_position, request.draft)
+        assert result.verdict.committed(request.draft) == alone.verdict.committed(request.draft)
+        assert result.verdict.target_logprob == pytest.approx(alone.verdict.target_logprob, abs=1e-4)
+        assert result.batch_size == len(PROMPTS)
+        assert batched.committed(request.session_id) == single.committed(request.session_id)
+
+
+def test_a_bad_window_fails_alone_and_changes_nothing():
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS], VerifierLimits(max_window=4))
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.open(f"s{i}", prompt)
+    before = {f"s{i}": engine.committed(f"s{i}") for i in range(4)}
+    requests = [WindowRequest("s0", len(PROMPTS[0]), (1, 2)),
+                WindowRequest("s1", len(PROMPTS[1]), (1,) * 5),            # too long
+                WindowRequest("s2", len(PROMPTS[2]) - 1, (1,)),            # stale
+                WindowRequest("nope", 3, (1,)),                            # unknown session
+                WindowRequest("s3", len(PROMPTS[3]), (1, 999))]            # outside the vocabulary
+    results = engine.verify_batch(requests)
+    assert isinstance(results[0].verdict, Verdict)
+    assert isinstance(results[1], InvalidArgument) and results[1].field == "draft_tokens"
+    assert isinstance(results[2], Aborted)
+    assert isinstance(results[3], NotFound)
+    assert isinstance(results[4], InvalidArgument)
+    for i in (1, 2, 3):
+        assert engine.committed(f"s{i}") == before[f"s{i}"]
+
+
+def test_two_windows_of_one_session_in_a_batch_run_in_order():
+    """A pipelined session's optimistic window may queue with its parent: it must see the parent's commit."""
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS])
+    prompt = PROMPTS[0]
+    truth = target_only_greedy(TARGET, prompt, 6)
+    engine.open("s", prompt)
+    engine.open("t", PROMPTS[1])
+    first = WindowRequest("s", len(prompt), tuple(truth[:2]))
+    second = WindowRequest("s", len(prompt) + 3, tuple(truth[3:5]), parent=truth[2])
+    results = engine.verify_batch([first, WindowRequest("t", len(PROMPTS[1]), ()), second])
+    assert results[0].verdict.accepted == 2 and results[2].verdict is not None
+    assert engine.committed("s") == prompt + truth[:6]
+
+
+def test_full_queue_is_resource_exhausted_with_a_retry_hint_and_changes_nothing():
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS])
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.open(f"s{i}", prompt)
+
+    async def go():
+        worker = ModelWorker("test-verifier")
+        scheduler = VerifyScheduler(engine, worker, BatchPolicy(max_batch=1, max_queue=2))
+        release = threading.Event()
+        blocker = asyncio.ensure_future(worker.call(release.wait))   # the model is busy
+        try:
+            waiting = []
+            for i in range(3):
+                waiting.append(asyncio.ensure_future(scheduler.verify(WindowRequest(f"s{i}", len(PROMPTS[i]), (5,)))))
+                await asyncio.sleep(0.02)
+            # s0 was taken into a batch (waiting for the model); s1 and s2 fill the queue.
+            assert scheduler.queue_depth == 2
+            with pytest.raises(ResourceExhausted) as refused:
+                await scheduler.verify(WindowRequest("s3", len(PROMPTS[3]), (5,)))
+            assert refused.value.retry_after_seconds > 0 and scheduler.rejected == 1
+            assert engine.committed("s3") == PROMPTS[3]
+        finally:
+            release.set()
+        await blocker
+        results = await asyncio.gather(*waiting)
+        assert [depth for _, depth in results] == [0, 1, 0]   # windows still waiting when each one's batch started
+        worker.shutdown()
+
+    asyncio.run(go())
+
+
+def test_idle_ttl_evicts_the_cache_and_the_next_window_restores_it():
+    clock = FakeClock()
+    target = tiny(TARGET)
+    engine = VerifierEngine(target, [TINY_EOS], VerifierLimits(idle_ttl_seconds=60, forget_after_seconds=600),
+                            clock=clock)
+    reference = VerifierEngine(target, [TINY_EOS])
+    for e in (engine, reference):
+        e.open("a", PROMPTS[0])
+        e.open("b", PROMPTS[1])
+    engine.verify("a", len(PROMPTS[0]), [1, 2])
+    reference.verify("a", len(PROMPTS[0]), [1, 2])
+    held = engine.kv_bytes
+    clock.now += 30
+    engine.verify("b", len(PROMPTS[1]), [3])
+    reference.verify("b", len(PROMPTS[1]), [3])
+    clock.now += 40                           # a: idle 70 s, b: idle 40 s
+    evicted = engine.evict_idle()
+    assert evicted.kv_dropped == ["a"] and evicted.forgotten == []
+    assert engine.kv_bytes < held and engine.committed("a") == reference.committed("a")
+    for e in (engine, reference):             # the next windows: a restores from its committed prefix
+        base = len(e.committed("a"))
+        results = e.verify_batch([WindowRequest("a", base, (7, 8, 9)), WindowRequest("b", len(e.committed("b")), (4,))])
+    assert engine.committed("a") == reference.committed("a") and engine.committed("b") == reference.committed("b")
+    assert engine.restores == 1
+    clock.now += 700
+    assert sorted(engine.evict_idle().forgotten) == ["a", "b"]
+    with pytest.raises(NotFound):
+        engine.committed("a")
+
+
+def test_a_forgotten_session_is_reopened_by_the_coordinator_and_loses_nothing():
+    """NOT_FOUND after a forget: the failover port re-opens it with its committed prefix."""
+    clock = FakeClock()
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS], VerifierLimits(forget_after_seconds=10), clock=clock)
+    failover = FailoverVerifier(VerifierPool(["v"]), {"v": InProcessVerifier(engine, "v")})
+    drafter = DrafterEngine(tiny(DRAFT))
+    prompt = PROMPTS[0]
+    log = SessionLog(prompt, 30, frozenset({TINY_EOS}))
+
+    async def go():
+        await failover.open("s", prompt, None)
+        async for chunk in speculate(log, "s", InProcessDrafter(drafter), failover, FixedWindow(3)):
+            if len(log.generated) >= 10 and failover.stats("s").failovers == 0:
+                clock.now += 11
+                assert engine.evict_idle().forgotten == ["s"]
+
+    asyncio.run(go())
+    assert failover.stats("s").failovers == 1
+    assert log.generated == target_only_greedy(TARGET, prompt, 30)
+
+
+def test_kv_budget_evicts_least_recently_used_caches_then_refuses():
+    clock = FakeClock()
+    target = tiny(TARGET)
+    per_token = target.kv_bytes_per_token
+    engine = VerifierEngine(target, [TINY_EOS], VerifierLimits(kv_budget_bytes=40 * per_token), clock=clock)
+    engine.open("a", [5] * 21)             # caches 20 positions
+    clock.now += 1
+    engine.open("b", [6] * 16)             # 15 more: 35 held
+    clock.now += 1
+    engine.open("c", [7] * 11)             # 10 more would be 45: a (least recently used) is evicted
+    assert target.cached_length(engine._sessions["a"].kv) == 0 and engine.kv_bytes == 25 * per_token
+    with pytest.raises(ResourceExhausted):
+        engine.open("d", [8] * 60)         # larger than the whole budget
+    with pytest.raises(NotFound):
+        engine.committed("d")
+    before = engine.committed("b")
+    with pytest.raises(ResourceExhausted) as refused:   # b may not grow past the budget by itself either
+        engine.open("b", [6] * 45)
+    assert refused.value.retry_after_seconds is not None
+    assert engine.committed("b") == before  # a refused re-open keeps the old session
+
+
+def test_per_session_kv_limit():
+    target = tiny(TARGET)
+    engine = VerifierEngine(target, [TINY_EOS], VerifierLimits(max_session_kv_bytes=12 * target.kv_bytes_per_token))
+    with pytest.raises(ResourceExhausted):
+        engine.open("big", [5] * 13)
+    engine.open("s", [5] * 8)
+    with pytest.raises(ResourceExhausted):
+        engine.verify("s", 8, [1, 2, 3, 4, 5])     # would hold 13 positions
+    assert engine.committed("s") == [5] * 8
+    assert engine.verify("s", 8, [1, 2, 3]).committed_position > 8
+
+
+def test_overloaded_sessions_back_off_and_lose_nothing():
+    """A tiny queue refuses most windows; the failover port waits out each retry hint and resends."""
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS])
+
+    async def go():
+        worker = ModelWorker("test-verifier")
+        scheduler = VerifyScheduler(engine, worker, BatchPolicy(max_batch=1, max_queue=1))
+        failover = FailoverVerifier(VerifierPool(["v"]), {"v": ScheduledVerifier(scheduler)})
+        drafter = DrafterEngine(tiny(DRAFT))
+
+        async def one(i: int, prompt: list[int]) -> list[int]:
+            log = SessionLog(prompt, 16, frozenset({TINY_EOS}))
+            await failover.open(f"s{i}", prompt, None)
+            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), failover, FixedWindow(2)):
+                pass
+            assert failover.stats(f"s{i}").failovers == 0     # backed off on the same verifier, never re-homed
+            return log.generated
+
+        try:
+            outputs = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+        finally:
+            worker.shutdown()
+        assert scheduler.rejected > 0
+        assert sum(failover.stats(f"s{i}").overload_waits for i in range(len(PROMPTS))) == scheduler.rejected
+        return outputs
+
+    for prompt, out in zip(PROMPTS, asyncio.run(go())):
+        assert out == target_only_greedy(TARGET, prompt, 16)
+
+
+@pytest.mark.parametrize("evicted", [[0], [1, 2], [0, 1, 2, 3]], ids=["alone", "two-of-four", "all"])
+def test_evicted_caches_in_a_batch_are_rebuilt_exactly(evicted):
+    LONG = [PROMPTS[0], PROMPTS[1], PROMPTS[4], PROMPTS[5]]
+    target = tiny(TARGET)
+    reference = [target.logits_rows(target.new_state(), p, 3) for p in LONG]
+    states = []
+    for i, prompt in enumerate(LONG):
+        state = target.new_state()
+        if i not in evicted:
+            target.prefill(state, prompt[:-2])     # caches all but the last 3 tokens
+        states.append(state)
+    rows = target.logits_rows_batch(states, LONG, [3] * 4) if len(evicted) < 4 else \
+        [target.logits_rows_batch([s], [p], [3])[0] for s, p in zip(states, LONG)]
+    for got, expected, state, prompt in zip(rows, reference, states, LONG):
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+        assert state.tokens == prompt
