@@ -6,6 +6,8 @@
     edgespec bench-wan             blocking vs pipelined speculation over an emulated WAN
     edgespec bench-chaos           kill verifiers mid-generation, check every stream
     edgespec bench-fuzz            hostile input against the three services
+    edgespec bench-load            one verifier under 1..32 concurrent sessions, batching on vs off
+    edgespec soak                  minutes of sessions opening and closing: failures and memory over time
     edgespec dev-certs DIR         development certificates and tokens for TLS / mTLS / auth
     edgespec sim SCENARIO.json     simulate many devices and verifiers (DSD-Sim)
     edgespec train-awc             retrain the adaptive window controller's weights
@@ -35,6 +37,8 @@ TOOLS = {
     "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
     "bench-chaos": ("edgespec.tools.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times"),
     "bench-fuzz": ("edgespec.tools.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests"),
+    "bench-load": ("edgespec.tools.bench_load", "one verifier under N concurrent sessions drafting from the target's own output: tokens/s, TPOT, batch sizes, memory; cross-session batching on vs off"),
+    "soak": ("edgespec.tools.soak", "run many client loops through verifier, drafter and coordinator for minutes: failed requests by status, overload, RSS over time"),
     "bench-policy": ("edgespec.tools.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them"),
     "sim": ("edgespec.tools.sim", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots"),
     "train-awc": ("edgespec.tools.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights"),
