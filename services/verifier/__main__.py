@@ -41,9 +41,13 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     group.add_argument("--max-batch", type=int, default=int(env("max-batch", "16")),
                        help="windows of different sessions verified in one target forward; 1 = no batching "
                             "(default %(default)s)")
-    group.add_argument("--batch-wait-ms", type=float, default=float(env("batch-wait-ms", "5")),
+    group.add_argument("--batch-wait-ms", type=float, default=float(env("batch-wait-ms", "200")),
                        help="longest wait for more windows before a forward, while fewer windows wait than sessions "
-                            "have streams open (default %(default)s)")
+                            "have streams open; never more than --batch-wait-fraction of one forward "
+                            "(default %(default)s)")
+    group.add_argument("--batch-wait-fraction", type=float, default=float(env("batch-wait-fraction", "0.25")),
+                       help="the wait is at most this fraction of the measured time of one forward, so a GPU waits "
+                            "milliseconds and a CPU longer (default %(default)s)")
     group.add_argument("--max-queue", type=int, default=int(env("max-queue", "64")),
                        help="windows waiting for the model; a window beyond this gets RESOURCE_EXHAUSTED with a "
                             "retry-after-ms hint (default %(default)s)")
@@ -62,14 +66,14 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
                             "it with its committed prefix); 0 = never (default %(default)s)")
     args = parser.parse_args(argv)
     service = model_service_config(parser, args)
-    if args.max_batch < 1 or args.max_queue < 1 or args.batch_wait_ms < 0:
-        parser.error("--max-batch and --max-queue must be >= 1, --batch-wait-ms >= 0")
+    if args.max_batch < 1 or args.max_queue < 1 or args.batch_wait_ms < 0 or args.batch_wait_fraction < 0:
+        parser.error("--max-batch and --max-queue must be >= 1, --batch-wait-ms and --batch-wait-fraction >= 0")
     if min(args.kv_budget_mb, args.max_session_kv_mb, args.idle_ttl, args.forget_after) < 0:
         parser.error("--kv-budget-mb, --max-session-kv-mb, --idle-ttl and --forget-after must be >= 0")
     if args.idle_ttl and args.forget_after and args.forget_after < args.idle_ttl:
         parser.error("--forget-after must be at least --idle-ttl")
     return VerifierConfig(
-        service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue),
+        service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue, args.batch_wait_fraction),
         VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
                        round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after))
 
@@ -110,9 +114,10 @@ async def main(config: VerifierConfig) -> None:
     credentials, interceptors = server_parts(service.security)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
                                              service.security.max_message_bytes, credentials, interceptors)
-    log.info("target %s on %s, eos %s; batches of up to %d windows (wait %.1f ms), queue %d, KV %d bytes/token",
-             target.name, target.placement, sorted(engine.eos_ids), config.batch.max_batch,
-             1000 * config.batch.wait_seconds, config.batch.max_queue, target.kv_bytes_per_token)
+    log.info("target %s on %s, eos %s; batches of up to %d windows (wait <= %.0f ms and <= %.2f of a forward), "
+             "queue %d, KV %d bytes/token", target.name, target.placement, sorted(engine.eos_ids),
+             config.batch.max_batch, 1000 * config.batch.wait_seconds, config.batch.wait_fraction,
+             config.batch.max_queue, target.kv_bytes_per_token)
     period = sweep_period(config.limits)
     sweeper = asyncio.ensure_future(servicer.sweep(period)) if period else None
     try:

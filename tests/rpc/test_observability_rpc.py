@@ -87,7 +87,7 @@ def run(tmp_path_factory):
         mp.setenv(key, value)   # the services inherit the test's environment
     try:
         with LocalCluster(tmp_path_factory.mktemp("logs"),
-                          verifier_args=["--model", TARGET, "--max-window", "8"],
+                          verifier_args=["--model", TARGET, "--max-window", "8", *observed],
                           drafter_args=["--model", DRAFT, "--max-window", "8", *observed],
                           coordinator_args=["--tokenizer", "bytes", "--max-window", "8", "--log-format", "json",
                                             *observed]) as cluster:
@@ -133,6 +133,10 @@ def test_scraped_counters_equal_the_generations_stats(run):
     assert coordinator[("edgespec_generations_total", (("finish_reason", stats.finish_reason),))] == 1
     assert coordinator[("edgespec_time_per_output_token_seconds_count", ())] == 1
     assert drafter[("edgespec_drafter_drafted_tokens_total", ())] == stats.drafted_tokens
+    verifier = scrape(cluster.verifier)
+    assert verifier[("edgespec_verifier_batch_size_sum", ())] == stats.rounds   # one window per round, each verified once
+    assert verifier[("edgespec_verifier_open_sessions", ())] == 0       # the generation closed its session
+    assert verifier[("edgespec_verifier_kv_cache_bytes", ())] == 0
     assert any(name == "target_info" and ("service_name", "edgespec-drafter") in labels for name, labels in drafter)
 
 
@@ -153,6 +157,16 @@ def test_spans_reach_an_otlp_collector_in_one_trace_across_processes(run):
     served = collector.wait_for(served)
     assert len(served) == len(drafts) and {s.parent_span_id for s in served} == drafts
     assert {s.trace_id for s in served} == {generate_span.trace_id}
+
+    verifies = {s.span_id for service, s in collector.spans if s.name == "verify" and service == "edgespec-coordinator"}
+
+    def verified():
+        spans = [s for service, s in collector.spans if s.name == "verifier.verify" and service == "edgespec-verifier"]
+        return spans if len(spans) >= len(verifies) else None
+    verified = collector.wait_for(verified)
+    assert len(verified) == stats.rounds and {s.parent_span_id for s in verified} == verifies
+    assert {s.trace_id for s in verified} == {generate_span.trace_id}
+    assert {attribute(s, "edgespec.batch_size") for s in verified} == {1}
 
     def accepted():
         points = [m.sum.data_points[0].as_int for service, m in collector.metrics

@@ -51,7 +51,7 @@ async def one_window(stub, session_id: str, base: int, draft: list[int]):
         return error.code(), dict(error.trailing_metadata() or ())
 
 
-@pytest.mark.parametrize("verifier", [["--max-batch", "8", "--batch-wait-ms", "200"]], indirect=True)
+@pytest.mark.parametrize("verifier", [["--max-batch", "8", "--batch-wait-ms", "200", "--batch-wait-fraction", "1000"]], indirect=True)
 def test_concurrent_sessions_share_forwards_and_get_the_unbatched_verdicts(verifier):
     reference = VerifierEngine(tiny(TARGET), [TINY_EOS])
     rounds = 4

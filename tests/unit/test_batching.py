@@ -97,8 +97,9 @@ def generate_concurrently(engine: VerifierEngine, policy: BatchPolicy, windows: 
 @pytest.mark.parametrize("windows", [[3], [0, 1, 2, 4, -1]], ids=["k3", "mixed-windows"])
 @pytest.mark.parametrize("pipeline", [False, True], ids=["blocking", "pipelined"])
 def test_batched_sessions_equal_target_only(windows, pipeline):
-    outputs, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]),
-                                             BatchPolicy(max_batch=8, wait_seconds=0.05), windows, pipeline=pipeline)
+    policy = BatchPolicy(max_batch=8, wait_seconds=0.05, wait_fraction=float("inf"))   # a tiny model: fixed wait
+    outputs, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]), policy, windows,
+                                             pipeline=pipeline)
     for prompt, out in zip(PROMPTS, outputs):
         assert out == target_only_greedy(TARGET, prompt, 24)
     assert max(batches) > 1, "no two sessions ever shared a forward"
@@ -112,8 +113,8 @@ def test_batching_off_is_one_window_per_forward():
 
 
 def test_max_batch_bounds_a_forward():
-    _, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]), BatchPolicy(max_batch=3,
-                                       wait_seconds=0.05), [2], max_new=12)
+    policy = BatchPolicy(max_batch=3, wait_seconds=0.05, wait_fraction=float("inf"))
+    _, batches = generate_concurrently(VerifierEngine(tiny(TARGET), [TINY_EOS]), policy, [2], max_new=12)
     assert max(batches) == 3
 
 
@@ -330,3 +331,21 @@ def test_evicted_caches_in_a_batch_are_rebuilt_exactly(evicted):
     for got, expected, state, prompt in zip(rows, reference, states, LONG):
         np.testing.assert_allclose(got, expected, atol=1e-4)
         assert state.tokens == prompt
+
+
+def test_the_wait_for_more_windows_is_a_fraction_of_a_forward():
+    """With sessions about to send, the scheduler waits for them, but at most wait_fraction of a forward."""
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS])
+
+    async def waited(batch_seconds: float | None, streams: int) -> float:
+        scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"),
+                                    BatchPolicy(max_batch=8, wait_seconds=5.0, wait_fraction=0.25))
+        scheduler._batch_seconds, scheduler.streams = batch_seconds, streams
+        scheduler._queue.append((WindowRequest("s", 1, ()), asyncio.get_running_loop().create_future()))
+        started = asyncio.get_running_loop().time()
+        await scheduler._gather()
+        scheduler.worker.shutdown()
+        return asyncio.get_running_loop().time() - started
+
+    assert 0.15 <= asyncio.run(waited(0.8, streams=2)) < 1.5    # a quarter of a 0.8 s forward, not 5 s
+    assert asyncio.run(waited(0.8, streams=1)) < 0.1             # every open session already has a window queued
