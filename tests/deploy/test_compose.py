@@ -29,6 +29,7 @@ TLS = ROOT / "compose" / "tls.yaml"
 DOCKERFILES = {"cloud": ROOT / "docker" / "cloud.Dockerfile", "edge": ROOT / "docker" / "edge.Dockerfile"}
 MODEL_CACHE = "/var/cache/edgespec"
 VERIFIERS = ("verifier-a", "verifier-b")
+METRICS_PORT = "9464"   # Prometheus /metrics in every service container
 
 
 def compose_binary() -> str:
@@ -151,6 +152,21 @@ def test_coordinator_wiring(config):
         assert env[f"EDGESPEC_{service}_PORT"] == port, name
         assert env["EDGESPEC_HEALTH_ADDR"] == f"127.0.0.1:{port}", name
     assert "coordinator:50051" in config["services"]["client"]["entrypoint"]
+
+
+def test_every_service_serves_metrics_on_its_networks_only(config, tls_config):
+    """Prometheus /metrics on 9464 in every service container: set, exposed, never published to the host."""
+    for model in (config, tls_config):
+        services = model["services"]
+        for name in (*VERIFIERS, "drafter", "coordinator"):
+            service = services[name]
+            prefix = f"EDGESPEC_{name.split('-')[0].upper()}"
+            assert service["environment"][f"{prefix}_METRICS_PORT"] == METRICS_PORT, name
+            assert service["environment"][f"{prefix}_HOST"] == "0.0.0.0", name   # the endpoint binds --host
+            assert METRICS_PORT in [str(p) for p in service.get("expose", [])], name
+            assert int(METRICS_PORT) not in [int(p["target"]) for p in service.get("ports") or []], name
+        assert [p["target"] for p in services["coordinator"]["ports"]] == [50051]
+        assert not [k for k in services["client"].get("environment") or {} if k.endswith("_METRICS_PORT")]
 
 
 def test_grpc_health_checks(config):

@@ -25,6 +25,8 @@ K8S_FLOOR = "1.27.0"       # Chart.yaml kubeVersion: native gRPC probes are GA f
 RELEASE, NAMESPACE = "es", "edge-ai"
 FULLNAME = f"{RELEASE}-edgespec"
 STS, HEADLESS, EDGE = f"{FULLNAME}-verifier", f"{FULLNAME}-verifier-headless", f"{FULLNAME}-edge"
+METRICS_PORT = 9464       # values.yaml metrics.port: verifier and coordinator; the drafter's is one above
+SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
 SECURITY_FLAGS = ("--tls-cert", "--tls-key", "--tls-client-ca", "--auth-tokens", "--upstream-tls-ca",
                   "--upstream-tls-cert", "--upstream-tls-key", "--upstream-token-file")
 
@@ -163,7 +165,12 @@ def test_helm_lint_passes(helm, values):
     ("probes:\n  type: http\n", "type"),
     ("verifier:\n  config:\n    dtype: fp8\n", "dtype"),
     ("tls:\n  enable: true\n", "enable"),
-], ids=["top-level-typo", "typo", "root", "chart-owned-flag", "probe-type", "dtype", "tls-typo"])
+    ("metrics:\n  enable: false\n", "enable"),
+    ("metrics:\n  port: 65535\n", "port"),                                   # the drafter takes port + 1
+    ("logFormat: xml\n", "logFormat"),
+    ("otlpEndpoint: collector:4317\n", "otlpEndpoint"),                       # a URL: http:// or https://
+], ids=["top-level-typo", "typo", "root", "chart-owned-flag", "probe-type", "dtype", "tls-typo", "metrics-typo",
+        "metrics-port", "log-format", "otlp-endpoint"])
 def test_values_schema_rejects_bad_values(helm, tmp_path, bad, named):
     values = tmp_path / "bad.yaml"
     values.write_text(bad)
@@ -180,6 +187,9 @@ def test_values_schema_rejects_bad_values(helm, tmp_path, bad, named):
     ("tls.enabled=true,tls.verifierSecret=v,tls.edgeSecret=e,tls.mutual=true,probes.type=grpc-tls", "the kubelet has none"),
     ("verifier.enabled=false", "needs edge.coordinator.verifiers"),
     ("verifier.modelCache.type=persistentVolumeClaim", "claimName is required"),
+    ("metrics.port=50061", "metrics.port 50061 is verifier.port too"),
+    ("metrics.port=50050", "take its gRPC port 50051"),                       # the drafter's metrics: 50051
+    ("metrics.port=50062", "take its gRPC port 50062"),
 ])
 def test_inconsistent_values_fail_with_a_message(helm, sets, message):
     done = helm.template("--set", sets)
@@ -202,15 +212,16 @@ def test_verifier_service_is_headless_and_names_the_statefulset_pods(default_obj
     pod_labels = sts["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
-    [port] = svc["spec"]["ports"]
-    assert port["port"] == 50061 and port["targetPort"] == "grpc"
+    grpc, metrics = svc["spec"]["ports"]
+    assert grpc["port"] == 50061 and grpc["targetPort"] == "grpc"
+    assert metrics["port"] == METRICS_PORT and metrics["targetPort"] == "metrics"
 
 
 @pytest.mark.parametrize("workload, name, port", [(STS, "verifier", 50061), (EDGE, "coordinator", 50051),
                                                   (EDGE, "drafter", 50062)])
 def test_probes_are_native_grpc_on_the_container_port(default_objects, workload, name, port):
     c = container(default_objects, workload, name)
-    assert [p["containerPort"] for p in c["ports"]] == [port]
+    assert [p["containerPort"] for p in c["ports"] if not p["name"].endswith("metrics")] == [port]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"] == {"port": port}, probe
     startup = c["startupProbe"]
@@ -227,6 +238,81 @@ def test_with_tls_probes_connect_over_tcp(secure_objects, workload, name, port):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert "grpc" not in c[probe]
         assert c[probe]["tcpSocket"] == {"port": port}
+
+
+# --- metrics, traces, logs ------------------------------------------------------------------------------
+
+METRICS = [(STS, "verifier", "metrics", METRICS_PORT), (EDGE, "coordinator", "metrics", METRICS_PORT),
+           (EDGE, "drafter", "drafter-metrics", METRICS_PORT + 1)]
+
+
+def pod_annotations(objects: list[dict], workload: str) -> dict[str, str]:
+    [found] = [o for o in objects if o["kind"] in ("StatefulSet", "Deployment") and o["metadata"]["name"] == workload]
+    return found["spec"]["template"]["metadata"].get("annotations") or {}
+
+
+@pytest.mark.parametrize("variant", ["default", "secure"])
+def test_every_service_serves_metrics_on_a_named_port(default_objects, secure_objects, variant):
+    objects = default_objects if variant == "default" else secure_objects
+    for workload, name, port_name, port in METRICS:
+        c = container(objects, workload, name)
+        [metrics] = [p for p in c["ports"] if p["name"] == port_name]
+        assert metrics == {"name": port_name, "containerPort": port, "protocol": "TCP"}, name
+        assert env(c)[f"EDGESPEC_{name.upper()}_METRICS_PORT"] == str(port), name
+        assert env(c)[f"EDGESPEC_{name.upper()}_HOST"] == "0.0.0.0", name   # the endpoint binds --host
+    for workload in (STS, EDGE):
+        pod = pod_specs(objects)[workload]
+        names = [p["name"] for c in pod["containers"] for p in c["ports"]]
+        numbers = [p["containerPort"] for c in pod["containers"] for p in c["ports"]]
+        assert len(set(names)) == len(names) and len(set(numbers)) == len(numbers), workload   # one pod, one netns
+        # the common prometheus.io annotations name one port: the verifier's, and on the edge pod the coordinator's
+        assert pod_annotations(objects, workload) == SCRAPE, workload
+        assert "metrics" in [p["name"] for c in pod["containers"] for p in c["ports"]
+                             if str(p["containerPort"]) == SCRAPE["prometheus.io/port"]], workload
+
+
+def test_metrics_reach_the_headless_service_only(default_objects):
+    coordinator_svc = one(default_objects, "Service", f"{FULLNAME}-coordinator")
+    assert [p["targetPort"] for p in coordinator_svc["spec"]["ports"]] == ["coordinator"], "may be a LoadBalancer"
+    headless = one(default_objects, "Service", HEADLESS)
+    assert {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"} in headless["spec"]["ports"]
+
+
+def test_metrics_disabled_leaves_no_port_env_or_annotation(helm):
+    objects = helm.render("--set", "metrics.enabled=false")
+    for workload, name, _, _ in METRICS:
+        c = container(objects, workload, name)
+        assert [p["name"] for p in c["ports"]] == [name if workload == EDGE else "grpc"], name
+        assert not [e for e in env(c) if e.endswith("_METRICS_PORT")], name
+    for workload in (STS, EDGE):
+        assert pod_annotations(objects, workload) == {}, workload
+    for svc in (o for o in objects if o["kind"] == "Service"):
+        assert not [p for p in svc["spec"]["ports"] if "metrics" in p["name"]], svc["metadata"]["name"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_pod_annotations_override_the_scrape_annotations(helm):
+    objects = helm.render("--set", "metrics.port=9090", "--set-string",
+                          "edge.podAnnotations.prometheus\\.io/scrape=false,verifier.podAnnotations.team=ml")
+    assert pod_annotations(objects, EDGE) == {**SCRAPE, "prometheus.io/port": "9090", "prometheus.io/scrape": "false"}
+    assert pod_annotations(objects, STS) == {**SCRAPE, "prometheus.io/port": "9090", "team": "ml"}
+    assert env(container(objects, EDGE, "drafter"))["EDGESPEC_DRAFTER_METRICS_PORT"] == "9091"
+    objects = helm.render("--set", "metrics.enabled=false", "--set-string", "verifier.podAnnotations.team=ml")
+    assert pod_annotations(objects, STS) == {"team": "ml"}
+
+
+def test_otlp_export_and_log_format(default_objects, secure_objects, helm):
+    for workload, name, _, _ in METRICS:
+        e = env(container(default_objects, workload, name))
+        assert e[f"EDGESPEC_{name.upper()}_LOG_FORMAT"] == "text", name
+        assert f"EDGESPEC_{name.upper()}_OTLP_ENDPOINT" not in e, name
+        assert env(container(secure_objects, workload, name))[f"EDGESPEC_{name.upper()}_LOG_FORMAT"] == "json", name
+    objects = helm.render("--set", "otlpEndpoint=http://otel-collector.monitoring:4317,logFormat=json")
+    for workload, name, _, _ in METRICS:
+        e = env(container(objects, workload, name))
+        assert e[f"EDGESPEC_{name.upper()}_LOG_FORMAT"] == "json", name
+        assert e[f"EDGESPEC_{name.upper()}_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4317", name
 
 
 def test_hpa_scales_the_verifier_statefulset(default_objects, secure_objects):

@@ -70,6 +70,55 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* Observability ------------------------------------------------------------------------------------ */}}
+
+{{/* A component's Prometheus port: metrics.port, or metrics.port + 1 for the drafter (it shares the edge pod's
+     network namespace with the coordinator). Call with (dict "ctx" $ "component" "verifier"|"coordinator"|"drafter") */}}
+{{- define "edgespec.metricsPort" -}}
+{{- add (int .ctx.Values.metrics.port) (ternary 1 0 (eq .component "drafter")) }}
+{{- end }}
+
+{{/* Metrics, OTLP and log format as EDGESPEC_<SERVICE>_<FLAG> env vars: call with
+     (dict "ctx" $ "component" "verifier"|"coordinator"|"drafter") */}}
+{{- define "edgespec.observabilityEnv" -}}
+{{- $v := .ctx.Values }}
+{{- $prefix := printf "EDGESPEC_%s" (upper .component) }}
+{{- if $v.metrics.enabled }}
+- name: {{ $prefix }}_METRICS_PORT
+  value: {{ include "edgespec.metricsPort" . | quote }}
+{{- end }}
+{{- with $v.otlpEndpoint }}
+- name: {{ $prefix }}_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+- name: {{ $prefix }}_LOG_FORMAT
+  value: {{ $v.logFormat | quote }}
+{{- end }}
+
+{{/* The container port `metrics` (the drafter's: `drafter-metrics`, port names are unique in a pod); nothing
+     when metrics are off. Call as edgespec.observabilityEnv. */}}
+{{- define "edgespec.metricsContainerPort" -}}
+{{- if .ctx.Values.metrics.enabled }}
+- name: {{ ternary "drafter-metrics" "metrics" (eq .component "drafter") }}
+  containerPort: {{ include "edgespec.metricsPort" . }}
+  protocol: TCP
+{{- end }}
+{{- end }}
+
+{{/* Pod annotations: the component's podAnnotations over the prometheus.io/* scrape annotations (when metrics
+     are on; they name one port per pod: on the edge pod, the coordinator's). Call with
+     (dict "ctx" $ "component" "verifier"|"coordinator" "podAnnotations" ...); prints YAML or nothing. */}}
+{{- define "edgespec.podAnnotations" -}}
+{{- $annotations := dict }}
+{{- if .ctx.Values.metrics.enabled }}
+{{- $_ := set $annotations "prometheus.io/scrape" "true" }}
+{{- $_ = set $annotations "prometheus.io/port" (include "edgespec.metricsPort" .) }}
+{{- $_ = set $annotations "prometheus.io/path" "/metrics" }}
+{{- end }}
+{{- $annotations = merge (deepCopy (default dict .podAnnotations)) $annotations }}
+{{- with $annotations }}{{ toYaml . }}{{ end }}
+{{- end }}
+
 {{/* clientLimits as flags (args: an image without these flags fails to start rather than run unprotected). */}}
 {{- define "edgespec.clientLimitArgs" -}}
 {{- with .maxSessionsPerClient }}
@@ -326,6 +375,19 @@ capabilities:
 {{- if $v.auth.enabled }}
 {{- $_ := required "auth.tokensSecret is required with auth.enabled" $v.auth.tokensSecret }}
 {{- if $v.edge.enabled }}{{ $_ := required "auth.upstreamTokenSecret is required with auth.enabled (the coordinator's own token)" $v.auth.upstreamTokenSecret }}{{ end }}
+{{- end }}
+{{- if $v.metrics.enabled }}
+{{- $m := int $v.metrics.port }}
+{{- if and $v.verifier.enabled (eq $m (int $v.verifier.port)) }}
+{{- fail (printf "metrics.port %d is verifier.port too" $m) }}
+{{- end }}
+{{- if $v.edge.enabled }}
+{{- range $grpc := list (int $v.edge.coordinator.port) (int $v.edge.drafter.port) }}
+{{- if or (eq $grpc $m) (eq $grpc (add1 $m)) }}
+{{- fail (printf "the edge pod's metrics ports (metrics.port %d: coordinator, %d: drafter) take its gRPC port %d" $m (add1 $m) $grpc) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and $v.auth.enabled (not $v.tls.enabled) }}
 {{- /* Clients send a bearer token only over TLS (or loopback): tokens never cross a network in clear. */}}
