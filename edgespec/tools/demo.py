@@ -38,7 +38,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt (chat template applied)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate (default %(default)s)")
-    parser.add_argument("--window", type=int, default=2, help="draft window k (default %(default)s)")
+    parser.add_argument("--window", type=int, default=-1,
+                        help="draft window k, or -1 = auto: the coordinator's goodput policy picks k each round from "
+                             "the costs it measures on this machine (default %(default)s). A fixed k tuned on one CPU "
+                             "can lose on another: on an AMD EPYC host a 3-token target pass cost 3x a 1-token one "
+                             "(MKL's small-matrix path), so k = 2 ran at 0.86x target-only while auto chose k = 4 (1.7x)")
     parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"], help="drafter quantization")
     parser.add_argument("--no-compare", action="store_true", help="skip the target-only comparison run")
     args = parser.parse_args()
@@ -51,7 +55,7 @@ def main() -> None:
         print(f"   verifier {cluster.verifier.address}  drafter {cluster.drafter.address}  "
               f"coordinator {cluster.coordinator.address}", flush=True)
         asyncio.run(stream(cluster.coordinator.address, "warm up", 4, args.window, echo=False))
-        print(f"== edgespec, window {args.window}: {args.prompt}\n", flush=True)
+        print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {args.prompt}\n", flush=True)
         tokens, s = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, args.window, True))
         print("\n")
         print(f"edgespec:     {s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
