@@ -118,10 +118,6 @@ class VerifierMetrics:
         self.forward_duration.record(seconds)
         self.windows_waiting.set(waiting)
 
-    def queue(self, waiting: int) -> None:
-        """The queue changed outside a forward (a window arrived or was refused)."""
-        self.windows_waiting.set(waiting)
-
     def sessions(self, open_sessions: int, kv_cache_bytes: int) -> None:
         self.open_sessions.set(open_sessions)
         self.kv_cache.set(kv_cache_bytes)

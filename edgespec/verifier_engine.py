@@ -84,7 +84,6 @@ class Usage:
     sessions: int
     kv_bytes: int
     memory_evictions: int    # KV caches evicted to fit the KV budget
-    restores: int            # windows that rebuilt an evicted KV cache from the committed prefix
 
 
 @dataclass(slots=True)
@@ -118,7 +117,7 @@ class VerifierEngine:
         return self.target.kv_bytes_per_token * sum(self.target.cached_length(s.kv) for s in self._sessions.values())
 
     def usage(self) -> Usage:
-        return Usage(len(self._sessions), self.kv_bytes, self.memory_evictions, self.restores)
+        return Usage(len(self._sessions), self.kv_bytes, self.memory_evictions)
 
     def committed(self, session_id: str) -> list[int]:
         return list(self._get(session_id).committed)

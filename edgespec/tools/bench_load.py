@@ -50,7 +50,7 @@ import grpc
 from edgespec.categories import CATEGORIES
 from edgespec.tools.cluster import REPO_ROOT, Service, start_service, stop_service
 from edgespec.tools.prompt_set import PROMPT_SET
-from edgespec.tools.report import percentile
+from edgespec.tools.report import percentile, process_memory_mib
 from edgespec.transport import open_channel
 from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
 
@@ -196,16 +196,6 @@ def batch_sizes(before: dict | None, after: dict | None) -> dict | None:
     counts = [c - (cumulative[i - 1] if i else 0.0) for i, c in enumerate(cumulative)]
     return {"forwards": int(forwards), "mean": round((after["sum"] - before["sum"]) / forwards, 2) if forwards else None,
             "buckets": {f"<={le}": int(c) for le, c in zip(bounds, counts) if c}}
-
-
-def process_memory_mib(pid: int) -> dict[str, float]:
-    """VmRSS (now) and VmHWM (peak since start) of a process, MiB, from /proc/PID/status."""
-    memory = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            memory[name] = round(int(value.split()[0]) / 1024, 1)
-    return {"rss_mib": memory["VmRSS"], "hwm_mib": memory["VmHWM"]}
 
 
 def drafter_for(reference: list[int], acceptance: float, rng: random.Random,

@@ -36,7 +36,7 @@ import grpc
 
 from edge_client.client import generate
 from edgespec.rpc import RETRY_AFTER_KEY
-from edgespec.tools.bench_load import process_memory_mib
+from edgespec.tools.report import process_memory_mib
 from edgespec.tools.cluster import LocalCluster, Service
 from edgespec.tools.prompt_set import PROMPT_SET
 from edgespec.tools.report import percentile
