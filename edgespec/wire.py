@@ -12,9 +12,10 @@ from edgespec.v1 import common_pb2, verifier_pb2
 
 
 def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> SamplingParams:
-    """top_p 0 (unset) means 1.0; an absent seed takes ``default_seed``."""
+    """top_p 0 (unset) means 1.0 (a negative one is kept, for check_params to refuse); an absent seed
+    takes ``default_seed``."""
     return SamplingParams(temperature=float(msg.temperature), top_k=int(msg.top_k),
-                          top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
+                          top_p=float(msg.top_p) if msg.top_p != 0 else 1.0,
                           seed=int(msg.seed) if msg.HasField("seed") else default_seed,
                           relaxation=relaxation_from_pb(msg.relaxation))
 

@@ -259,7 +259,7 @@ def test_sampling_over_grpc_is_reproducible_by_seed(cluster):
     assert any(sample(cluster.coordinator.address, "def add(a, b):", seed=s)[0] != tokens for s in range(3))
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=1.5), dict(top_k=-1)])
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=1.5), dict(top_p=-0.5), dict(top_k=-1)])
 def test_bad_sampling_parameters_are_invalid_argument(cluster, kwargs):
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         sample(cluster.coordinator.address, "hi", seed=1, **{"temperature": 0.7, **kwargs})

@@ -162,3 +162,13 @@ def test_fingerprint_takes_every_uint64_seed():
         check_params(params)
         assert 0 <= params.fingerprint() < 1 << 63
     assert SamplingParams(0.7, 0, 1.0, 1 << 63).fingerprint() != SamplingParams(0.7, 0, 1.0, 0).fingerprint()
+
+
+def test_negative_top_p_from_the_wire_is_rejected_not_treated_as_unset():
+    from edgespec.errors import InvalidArgument
+    from edgespec.v1 import common_pb2
+    from edgespec.wire import params_from_pb
+
+    assert params_from_pb(common_pb2.SamplingParams(temperature=1.0)).top_p == 1.0   # 0 = unset = all
+    with pytest.raises(InvalidArgument, match="top_p"):
+        check_params(params_from_pb(common_pb2.SamplingParams(temperature=1.0, top_p=-0.5)))
