@@ -121,8 +121,17 @@ class FailoverVerifier:
                 await self._recover(session_id, pinned, epoch, error, unreachable=False)
                 continue
             self.pool.succeeded(address)
-            if verdict is not None and pinned.epoch == epoch:
-                pinned.committed.extend(verdict.committed(window.draft))
+            if verdict is None:
+                return None
+            if pinned.epoch != epoch or pinned.lock.locked():
+                # The session was re-homed (or is being re-homed) while this window was in flight,
+                # from a committed prefix without this verdict: committing it would put the caller
+                # ahead of the new home. Treat the verdict as lost and send the window there; it
+                # gets the same verdict (idempotent windows, uniforms from seed and position).
+                async with pinned.lock:
+                    pass
+                continue
+            pinned.committed.extend(verdict.committed(window.draft))
             return verdict
 
     async def close(self, session_id: str) -> None:

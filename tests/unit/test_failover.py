@@ -230,3 +230,23 @@ def test_degraded_stream_resumes_verified_output_when_a_verifier_returns():
         del view[e.position:]
         view += e.tokens
     assert view == log.generated
+
+
+@pytest.mark.parametrize("lose_verdict", [False, True], ids=["dies-before", "verdict-lost"])
+@pytest.mark.parametrize("pipeline", [False, True], ids=["blocking", "pipelined"])
+def test_every_single_failure_position_loses_nothing(lose_verdict, pipeline):
+    """One verify call fails, at each position in turn: an in-flight verdict from the old home is
+    never committed unless the new home has it too (pipelining keeps two windows in flight)."""
+    target, draft = "tiny:5", "tiny:5~1"
+    expected = target_only_greedy(target, PROMPT, 32)
+    for failing_call in range(1, 16):
+        a = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "a", fail_on={failing_call}, lose_verdict=lose_verdict)
+        b = Faulty(VerifierEngine(tiny(target), [TINY_EOS]), "b", fail_on=set(), lose_verdict=lose_verdict)
+        failover = FailoverVerifier(VerifierPool(["a", "b"], base_backoff_seconds=0.01), {"a": a, "b": b},
+                                    recovery_deadline_seconds=5)
+        events = []
+        log = run(target, draft, PROMPT, 32, 3, pipeline=pipeline, verifier=failover, events=events)
+        assert log.generated == expected, failing_call
+        assert [t for e in events for t in e.tokens] == expected, failing_call
+        if a.calls >= failing_call:
+            assert failover.stats("s").failovers == 1, failing_call
