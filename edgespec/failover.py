@@ -115,6 +115,8 @@ class FailoverVerifier:
                 await asyncio.sleep(delay)
                 continue
             except Unavailable as error:
+                if pinned.closed:   # closed under the call (the generation ended): not the verifier's fault
+                    raise
                 await self._recover(session_id, pinned, epoch, error, unreachable=True)
                 continue
             except (NotFound, Aborted) as error:

@@ -71,9 +71,9 @@ async def pipelined(rounds: Rounds) -> AsyncIterator[Chunk]:
                 _forget(follow, "its assumption missed")
             follow = None
     finally:
-        if current is not None:
-            end_round(current.round, "the generation ended")
-        for pending in (ahead, follow):
+        # Cancel every verify call still in flight, the current window's too: left running, a call
+        # whose session is closed under it fails and would ban a healthy verifier.
+        for pending in (current, ahead, follow):
             if pending is not None:
                 _forget(pending, "the generation ended")
 
@@ -85,7 +85,8 @@ async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
     after_full = log_.remaining - (k + 1)           # budget left if the window is fully accepted
     if k == 0 or any(t in log_.eos_ids for t in window.draft):
         return None
-    k_next = min(rounds.policy.choose(), after_full - 1)
+    # One draft call brings the bonus guess and window w+1: k_next + 1 tokens, within the drafter's limit.
+    k_next = min(rounds.policy.choose(), after_full - 1, rounds.max_draft - 1)
     costs = rounds.telemetry
     if costs.draft_per_token and costs.verify_wall:
         # Draft only what fits in the in-flight window's shadow: a look-ahead still running when a

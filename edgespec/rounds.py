@@ -75,9 +75,10 @@ class Rounds:
 
     def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
-                 metrics: CoordinatorMetrics | None = None):
+                 metrics: CoordinatorMetrics | None = None, max_draft: int = 16):
         self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
         self.policy, self.params = policy, params
+        self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (AWC)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()

@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
-                    telemetry: Telemetry | None = None, metrics: CoordinatorMetrics | None = None
-                    ) -> AsyncIterator[Chunk]:
+                    telemetry: Telemetry | None = None, metrics: CoordinatorMetrics | None = None,
+                    max_draft: int = 16) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -55,8 +55,10 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
     with at most ``max_unverified`` unverified tokens ahead of the verified ones.
     telemetry: where each round is recorded (the policy may read the same object).
     metrics: where each committed round is counted (None: nowhere). Spans go to the global tracer.
+    max_draft: the most tokens one draft call may ask for (the drafter's max_window); the pipelined
+    look-ahead asks for its bonus guess and the next window in one call, so it drafts at most max_draft - 1.
     """
-    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry, metrics)
+    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft)
     loop = pipelined if pipeline else _blocking
     while log_.finish_reason is None:
         try:

@@ -118,7 +118,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             async for chunk in speculate(session, session_id, drafter, self.verifier, policy, params,
                                          pipeline=self.pipeline and drafting, on_verifier_loss=self.on_verifier_loss,
                                          max_unverified=self.max_unverified, telemetry=telemetry,
-                                         metrics=self.metrics):
+                                         metrics=self.metrics, max_draft=self.max_window):
                 if chunk.unverified:
                     unverified_text = unverified_text or TextStream(self.tokenizer)
                     piece = unverified_text.push(chunk.tokens)

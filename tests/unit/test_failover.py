@@ -250,3 +250,85 @@ def test_every_single_failure_position_loses_nothing(lose_verdict, pipeline):
         assert [t for e in events for t in e.tokens] == expected, failing_call
         if a.calls >= failing_call:
             assert failover.stats("s").failovers == 1, failing_call
+
+
+def test_pipelining_at_the_largest_window_generates():
+    """The look-ahead drafts its bonus guess plus the next window in one call: at k = max_window that must
+    not ask the drafter for max_window + 1 tokens (INVALID_ARGUMENT, the generation failed with 0 tokens)."""
+    target = "tiny:5"
+    log = run(target, target, PROMPT, 48, 16, pipeline=True)
+    assert log.generated == target_only_greedy(target, PROMPT, 48)
+    assert log.stats.optimistic_windows > 0
+
+
+class SlowStream(InProcessVerifier):
+    """Verdicts take a while; like a gRPC stream, a window whose session was closed under it fails
+    with UNAVAILABLE ("stream cancelled") when its verdict would have come."""
+
+    def __init__(self, engine, address):
+        super().__init__(engine, address)
+        self.closed = False
+        self.orphans = 0     # calls that were still running when their session was closed
+
+    async def verify(self, session_id, window):
+        await asyncio.sleep(0.2)
+        if self.closed:
+            self.orphans += 1
+            raise Unavailable(f"{self.address}: stream cancelled")
+        return await super().verify(session_id, window)
+
+    async def close(self, session_id):
+        self.closed = True
+        await super().close(session_id)
+
+
+@pytest.mark.parametrize("how", ["look-ahead raises", "client disconnects"])
+def test_a_generation_ending_during_the_look_ahead_orphans_no_verify_call(how):
+    """The in-flight window's verify call is cancelled with the generation: left running, it saw its
+    session closed under it and banned a healthy verifier."""
+    target = "tiny:5"
+    endpoint = SlowStream(VerifierEngine(tiny(target), [TINY_EOS]), "a")
+    pool = VerifierPool(["a"], base_backoff_seconds=0.01)
+    failover = FailoverVerifier(pool, {"a": endpoint}, recovery_deadline_seconds=5)
+    inner = InProcessDrafter(DrafterEngine(tiny(target)))
+    stuck = asyncio.Event()
+
+    class LookAheadFails:
+        def __init__(self):
+            self.calls = 0
+
+        async def open(self, *args):
+            await inner.open(*args)
+
+        async def draft(self, *args):
+            self.calls += 1
+            if self.calls == 2:          # the first look-ahead
+                if how == "look-ahead raises":
+                    raise RuntimeError("drafter bug")
+                stuck.set()
+                await asyncio.sleep(3600)
+            return await inner.draft(*args)
+
+        async def close(self, session_id):
+            await inner.close(session_id)
+
+    log = SessionLog(PROMPT, 40, frozenset({TINY_EOS}))
+
+    async def consume():
+        async for _ in speculate(log, "s", LookAheadFails(), failover, FixedWindow(3), pipeline=True):
+            pass
+
+    async def go():
+        await failover.open("s", PROMPT, SamplingParams())
+        task = asyncio.ensure_future(consume())
+        if how == "client disconnects":
+            await stuck.wait()
+            task.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await task
+        await failover.close("s")          # what the coordinator does when a generation ends
+        await asyncio.sleep(0.5)           # past the orphan's verdict time
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert asyncio.run(go()) == []
+    assert endpoint.orphans == 0
+    assert pool.endpoints["a"].failures == 0 and pool.available() == ["a"]
