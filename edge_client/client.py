@@ -18,20 +18,22 @@ from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
 
 async def generate(address: str, prompt: str, max_new_tokens: int, window: int = -1, chat: bool = True,
                    timeout_seconds: float | None = None, temperature: float = 0.0, top_k: int = 0,
-                   top_p: float = 1.0, seed: int | None = None, relaxed: str = "",
+                   top_p: float = 1.0, seed: int | None = None, relaxed: str = "", coupled: bool = False,
                    resume_token_ids: Sequence[int] = (),
                    security: ClientSecurity = PLAINTEXT) -> AsyncIterator[pb.GenerateResponse]:
     """Yield the coordinator's events: TokenChunk messages, then one GenerationStats.
 
     temperature 0 is greedy; > 0 samples (losslessly) with top_k / top_p / seed.
     relaxed: opt into lossy relaxed verification (see ``relaxation``); "" = lossless.
+    coupled: the coupled sampler: with a seed, the text is token for token target-only sampling with
+    that seed, whatever the windows, failovers or resumes (lossless; lower acceptance than the default).
     resume_token_ids: tokens an interrupted call with the same arguments already
     streamed (verified ones); the coordinator continues after them.
     security: TLS / mutual TLS and the bearer token (default plaintext, no token).
     Raises grpc.aio.AioRpcError with the coordinator's status on failure.
     """
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                                         relaxation=relaxation(relaxed))
+                                         relaxation=relaxation(relaxed), coupled=coupled)
     if seed is not None:
         sampling.seed = seed
     async with open_channel(address, security) as channel:
@@ -89,8 +91,9 @@ async def generate_resilient(address: str, prompt: str, max_new_tokens: int, rec
 
     When the stream breaks, it reconnects (for up to ``reconnect_seconds``) and
     resumes with the verified tokens it already has, so no token is lost or
-    repeated. Greedy output is identical to an uninterrupted call; sampled output
-    is too when ``seed`` is given (the randomness is a function of seed and position).
+    repeated. Greedy output is identical to an uninterrupted call, and so is coupled
+    sampling (``coupled=True``) with a ``seed``; with the standard sampler the resumed
+    tail is a fresh sample of the right distribution, not necessarily the same text.
     Unverified tokens (degraded mode) are not kept: the resumed call recomputes them.
     """
     verified: list[int] = []

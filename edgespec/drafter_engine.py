@@ -13,7 +13,8 @@ import numpy as np
 
 from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.limits import check_prefix, check_session_id, check_token_ids
-from edgespec.sampling import DRAFT, SamplingParams, SparseDist, check_params, truncate_to_sparse, uniform, warp
+from edgespec.sampling import (DRAFT, SamplingParams, SparseDist, check_params, coupled_choice, truncate_to_sparse,
+                               uniform, warp)
 
 
 class DraftModel(Protocol):
@@ -104,13 +105,17 @@ class DrafterEngine:
 
     def _sample_draft(self, session: _Session, k: int) -> tuple[list[int], list[SparseDist] | None]:
         """Sample k tokens from the warped draft distribution (truncated to q_ids ids),
-        or take its argmax when q_ids is 0 (a deterministic drafter: one-hot q)."""
+        or take its argmax when q_ids is 0 (a deterministic drafter: one-hot q).
+        The coupled sampler proposes argmax(log q + g) with the position's Gumbel noise and sends no q."""
         seq = list(session.committed)
         tokens: list[int] = []
         dists: list[SparseDist] = []
+        coupled = session.params.coupled
         for _ in range(k):
             probs = warp(self.model.logits_rows(session.kv, seq, 1)[0], session.params)
-            if session.q_ids == 0:
+            if coupled:
+                token = coupled_choice(probs, session.params.seed, len(seq))
+            elif session.q_ids == 0:
                 token = int(np.argmax(probs))
             else:
                 dist = truncate_to_sparse(probs, session.q_ids)
@@ -118,7 +123,7 @@ class DrafterEngine:
                 dists.append(dist)
             tokens.append(token)
             seq.append(token)
-        return tokens, (dists if session.q_ids else None)
+        return tokens, (dists if session.q_ids and not coupled else None)
 
     def _get(self, session_id: str) -> _Session:
         try:

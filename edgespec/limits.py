@@ -27,12 +27,13 @@ def check_prefix(field: str, tokens: Sequence[int], vocab_size: int, max_tokens:
     check_token_ids(field, tokens, vocab_size)
 
 
-def check_draft_probs(q: Sequence, draft: Sequence[int], vocab_size: int, sampling: bool) -> None:
-    """Draft distributions: none for greedy sessions; else none (one-hot) or one per draft token."""
+def check_draft_probs(q: Sequence, draft: Sequence[int], vocab_size: int, sampler: str) -> None:
+    """Draft distributions: none for greedy and coupled sessions (token ids only); for the standard
+    sampler none (one-hot) or one per draft token. ``sampler`` is SamplingParams.sampler."""
     if not q:
         return
-    if not sampling:
-        raise InvalidArgument("draft_probs", "greedy sessions take no draft distributions")
+    if sampler != "standard":
+        raise InvalidArgument("draft_probs", f"{sampler} sessions take no draft distributions, only token ids")
     if len(q) != len(draft):
         raise InvalidArgument("draft_probs", f"{len(q)} distributions for {len(draft)} draft tokens")
     for i, (dist, token) in enumerate(zip(q, draft)):

@@ -9,7 +9,21 @@ window emit a bonus token from p_k. The emitted sequence is then distributed
 exactly as sampling from the target alone.
 
 Randomness is injected: every uniform comes from (seed, position, purpose), so a
-replayed window gets the same verdict and the same seed gives the same text.
+replayed window gets the same verdict. The same seed does *not* always give the same
+text: whether a position was a tested draft position, a residual or a bonus position
+decides which uniform picks its token, so anything that moves window boundaries
+(another window, a drafter outage, a resume) can change the text, while its
+distribution stays the target's.
+
+The **coupled** sampler (opt-in, ``SamplingParams.coupled``) makes the text a
+function of (seed, position, the target's warped distribution) alone: every position
+has its own Gumbel noise g, the drafter proposes argmax(log q + g), and the verifier
+accepts while that equals argmax(log p + g), committing argmax(log p + g) at the
+first difference. By the Gumbel-max trick argmax(log p + g) is an exact sample from
+p, so the output is exactly target-only sampling with that seed, token for token,
+whatever the windows, drafters, failovers or resumes; only token ids cross the wire.
+Its price is acceptance: P(accept) = P(both argmaxes agree), below the sum of
+min(p, q) that the standard rule reaches.
 """
 from __future__ import annotations
 
@@ -21,9 +35,10 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from edgespec.verification import Verdict
+from edgespec.verification import Verdict, verify_greedy
 
 ACCEPT, RESIDUAL, BONUS, DRAFT = "accept", "residual", "bonus", "draft"   # uniform purposes
+GUMBEL = "gumbel"   # the coupled sampler's noise
 
 
 RELAXED_METHODS = ("lossless", "diversed", "cospec")
@@ -66,10 +81,16 @@ class SamplingParams:
     top_p: float = 1.0         # keep the smallest set with cumulative probability >= top_p (1 = all)
     seed: int = 0              # with the position, determines every random draw
     relaxation: Relaxation = Relaxation()   # lossless unless a relaxed verifier is asked for
+    coupled: bool = False      # the coupled (Gumbel) sampler: text a function of seed and position alone
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def sampler(self) -> str:
+        """How tokens are chosen: "greedy", "coupled" or "standard" (speculative sampling)."""
+        return "greedy" if self.greedy else "coupled" if self.coupled else "standard"
 
     def fingerprint(self) -> int:
         """A 63-bit hash carried by every window, so both sides provably warp alike."""
@@ -78,6 +99,8 @@ class SamplingParams:
         relax = self.relaxation
         if relax.lossy:   # lossless sessions keep the fingerprint they always had
             raw += struct.pack("<Bd?d", RELAXED_METHODS.index(relax.method), relax.weight, relax.learned, relax.margin)
+        if self.coupled:
+            raw += GUMBEL.encode()
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
 
 
@@ -95,6 +118,8 @@ def check_params(params: SamplingParams) -> None:
     if not -1 << 31 <= params.top_k < 1 << 31:
         raise InvalidArgument("top_k", f"must fit in 32 bits, got {params.top_k}")
     check_relaxation(params.relaxation)
+    if params.coupled and params.relaxation.lossy:
+        raise InvalidArgument("coupled", "the coupled sampler is lossless: it cannot be combined with relaxed verification")
 
 
 def check_relaxation(relax: Relaxation) -> None:
@@ -120,6 +145,37 @@ def uniform(seed: int, position: int, purpose: str) -> float:
     """A uniform in [0, 1) determined by (seed, position, purpose): 53 random bits."""
     digest = hashlib.blake2b(f"{seed}:{position}:{purpose}".encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
+
+
+def gumbel_noise(seed: int, position: int, size: int) -> np.ndarray:
+    """Gumbel(0, 1) noise [size] (float64) determined by (seed, position), the same on every machine.
+
+    A counter-based generator (Philox) keyed by a hash of (seed, position): the first n values do not
+    depend on ``size``, so a draft and a target with different vocabulary sizes share their noise.
+    """
+    digest = hashlib.blake2b(f"{seed}:{position}:{GUMBEL}".encode(), digest_size=16).digest()
+    u = np.random.Generator(np.random.Philox(key=int.from_bytes(digest, "little"))).random(size)
+    with np.errstate(divide="ignore"):
+        return -np.log(-np.log(u))   # u = 0 (p = 2**-53) gives -inf: never chosen
+
+
+def coupled_choice(probs: np.ndarray, seed: int, position: int) -> int:
+    """argmax(log probs + g) with the Gumbel noise g of (seed, position): an exact sample from probs [V]."""
+    with np.errstate(divide="ignore"):
+        scores = np.log(probs) + gumbel_noise(seed, position, probs.shape[-1])
+    return int(np.argmax(scores))
+
+
+def verify_coupled(draft: Sequence[int], p: np.ndarray, seed: int, base_position: int,
+                   eos_ids: Collection[int] = ()) -> Verdict:
+    """The coupled sampler's verification: the greedy rule against argmax(log p + g) per position.
+
+    draft: [k] proposed ids (the drafter's argmax(log q + g)); p: [k + 1, V] warped target probabilities.
+    """
+    if p.shape[0] != len(draft) + 1:
+        raise ValueError(f"p has {p.shape[0]} rows, expected k + 1 = {len(draft) + 1}")
+    choices = [coupled_choice(row, seed, base_position + i) for i, row in enumerate(p)]
+    return verify_greedy(draft, choices, eos_ids)
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 from edgespec.errors import Aborted, EdgespecError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from edgespec.limits import check_draft_probs, check_prefix, check_session_id, check_token_ids
 from edgespec.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
-from edgespec.sampling import SamplingParams, SparseDist, check_params, verify_sampling, warp
+from edgespec.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verification import Verdict, verify_greedy
 
 log = logging.getLogger(__name__)
@@ -244,6 +244,9 @@ class VerifierEngine:
             verdict = verify_relaxed(draft, q or None, logits, params, request.base_position, self.eos_ids, self._head)
         elif params.greedy:
             verdict = verify_greedy(draft, np.argmax(logits, axis=-1).tolist(), self.eos_ids)
+        elif params.coupled:
+            p = np.stack([warp(row, params) for row in logits])
+            verdict = verify_coupled(draft, p, params.seed, request.base_position, self.eos_ids)
         else:
             p = np.stack([warp(row, params) for row in logits])
             verdict = verify_sampling(draft, q or None, p, params.seed, request.base_position, self.eos_ids)
@@ -323,7 +326,7 @@ class VerifierEngine:
         if params_fingerprint != expected and (params_fingerprint != 0 or not session.params.greedy):
             raise InvalidArgument("params_fingerprint", f"{params_fingerprint} does not match the session's sampling "
                                   f"parameters ({expected}): drafter and verifier would warp differently")
-        check_draft_probs(q, draft, self.target.vocab_size, sampling=not session.params.greedy)
+        check_draft_probs(q, draft, self.target.vocab_size, session.params.sampler)
         if base_position < 0:
             raise InvalidArgument("base_position", f"must be >= 0, got {base_position}")
         committed = len(session.committed)

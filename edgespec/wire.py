@@ -17,12 +17,13 @@ def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> Sam
     return SamplingParams(temperature=float(msg.temperature), top_k=int(msg.top_k),
                           top_p=float(msg.top_p) if msg.top_p != 0 else 1.0,
                           seed=int(msg.seed) if msg.HasField("seed") else default_seed,
-                          relaxation=relaxation_from_pb(msg.relaxation))
+                          relaxation=relaxation_from_pb(msg.relaxation), coupled=bool(msg.coupled))
 
 
 def params_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                     seed=params.seed, relaxation=relaxation_to_pb(params.relaxation))
+                                     seed=params.seed, relaxation=relaxation_to_pb(params.relaxation),
+                                     coupled=params.coupled)
 
 
 def relaxation_from_pb(msg: common_pb2.Relaxation) -> Relaxation:

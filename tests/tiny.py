@@ -22,3 +22,11 @@ def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> lis
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=TINY_EOS, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+
+def target_only_coupled(spec: str, prompt: list[int], max_new_tokens: int, params) -> list[int]:
+    """The coupled sampler's reference on a tiny target (edgespec.tools.baselines.target_only_coupled)."""
+    from edgespec.tools.baselines import target_only_coupled as reference
+
+    return reference(tiny(spec).model, prompt, max_new_tokens, [TINY_EOS], params)

@@ -43,16 +43,17 @@ def serving_verifier(cluster: LocalCluster, opened_before: list[int]) -> Service
 
 
 def run_with_fault(address: str, prompt: str, max_new: int, fault: Callable[[], None], at_tokens: int,
-                   resilient: bool = False, chat: bool = False) -> tuple[list, object, float]:
+                   resilient: bool = False, chat: bool = False, **kwargs) -> tuple[list, object, float]:
     """Generate; call ``fault()`` in a thread once ``at_tokens`` tokens have streamed.
 
+    kwargs go to the client's generate (window, sampling settings).
     Returns (chunks, stats, longest gap between chunks in seconds).
     """
     async def go():
         chunks, stats, faulted, gap = [], None, None, 0.0
         last = time.perf_counter()
         stream = generate_resilient if resilient else generate
-        async for event in stream(address, prompt, max_new, chat=chat, timeout_seconds=900):
+        async for event in stream(address, prompt, max_new, chat=chat, timeout_seconds=900, **kwargs):
             now = time.perf_counter()
             if event.HasField("chunk"):
                 gap, last = max(gap, now - last), now

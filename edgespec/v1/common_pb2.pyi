@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed", "relaxation")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "relaxation", "coupled")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     RELAXATION_FIELD_NUMBER: _ClassVar[int]
+    COUPLED_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
     relaxation: Relaxation
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., relaxation: _Optional[_Union[Relaxation, _Mapping]] = ...) -> None: ...
+    coupled: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., relaxation: _Optional[_Union[Relaxation, _Mapping]] = ..., coupled: _Optional[bool] = ...) -> None: ...
 
 class Relaxation(_message.Message):
     __slots__ = ("method", "weight", "learned", "margin", "task")

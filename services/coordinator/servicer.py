@@ -251,4 +251,4 @@ def verification_label(params) -> str:
     mode = "greedy" if params.greedy else "sampling"
     if params.relaxation.lossy:
         return f"{params.relaxation.label} {mode} (lossy)"
-    return "greedy" if params.greedy else "lossless-sampling"
+    return {"greedy": "greedy", "coupled": "coupled-sampling", "standard": "lossless-sampling"}[params.sampler]

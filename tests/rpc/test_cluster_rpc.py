@@ -237,11 +237,13 @@ def test_cli_generate_streams_text_and_stats(cluster):
     assert bad.returncode == 1 and "INVALID_ARGUMENT: max_new_tokens" in bad.stderr
 
 
-def sample(address, prompt, seed=None, temperature=0.9, top_k=0, top_p=1.0, window=3, max_new=24, relaxed=""):
+def sample(address, prompt, seed=None, temperature=0.9, top_k=0, top_p=1.0, window=3, max_new=24, relaxed="",
+           coupled=False, resume=()):
     async def go():
         tokens, stats = [], None
         async for event in generate(address, prompt, max_new, window, chat=False, timeout_seconds=120,
-                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, relaxed=relaxed):
+                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, relaxed=relaxed,
+                                    coupled=coupled, resume_token_ids=resume):
             if event.HasField("chunk"):
                 tokens.extend(event.chunk.token_ids)
             else:
@@ -259,7 +261,25 @@ def test_sampling_over_grpc_is_reproducible_by_seed(cluster):
     assert any(sample(cluster.coordinator.address, "def add(a, b):", seed=s)[0] != tokens for s in range(3))
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=1.5), dict(top_p=-0.5), dict(top_k=-1)])
+def test_coupled_sampling_over_grpc_is_target_only_sampling_whatever_the_windows(cluster):
+    from edgespec.sampling import SamplingParams
+    from tests.tiny import target_only_coupled
+
+    prompt = "def add(a, b):"
+    expected = target_only_coupled(cluster.target, list(prompt.encode()), 32,
+                                   SamplingParams(temperature=0.9, top_k=50, seed=4242, coupled=True))
+    for window in (0, 1, 3, -1):
+        tokens, stats = sample(cluster.coordinator.address, prompt, seed=4242, top_k=50, window=window, max_new=32,
+                               coupled=True)
+        assert tokens == expected, window
+        assert stats.verification == "coupled-sampling" and stats.seed == 4242
+    resumed, _ = sample(cluster.coordinator.address, prompt, seed=4242, top_k=50, max_new=32, coupled=True,
+                        resume=expected[:5])
+    assert resumed == expected[5:]
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=1.5), dict(top_p=-0.5), dict(top_k=-1),
+                                    dict(coupled=True, relaxed="diversed:0.3")])
 def test_bad_sampling_parameters_are_invalid_argument(cluster, kwargs):
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         sample(cluster.coordinator.address, "hi", seed=1, **{"temperature": 0.7, **kwargs})
