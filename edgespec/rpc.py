@@ -5,8 +5,10 @@ Transport errors become domain errors (and back) here and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 from typing import Callable, Iterable, Sequence
 
 import grpc
@@ -60,36 +62,85 @@ def from_rpc_error(error: grpc.aio.AioRpcError, peer: str) -> errors.EdgespecErr
     return errors.Unavailable(f"{detail} ({code.name})")
 
 
+class StartupError(RuntimeError):
+    """A service cannot start for a reason its message explains in full (a used port): one line, no traceback."""
+
+
+class Health(health.aio.HealthServicer):
+    """grpc.health.v1 for a grpc.aio server, knowing the services it reports SERVING once started.
+
+    The asyncio servicer: a Watch stream is a coroutine that the server cancels when it stops. (The
+    synchronous servicer parks a thread per Watch in a wait that nothing ends, and the process, which a
+    coordinator's verifier pool always watches, never exits.)
+    """
+
+    def __init__(self, names: Sequence[str]):
+        super().__init__()
+        self.names = [*names, ""]
+
+    async def serving(self) -> None:
+        for name in self.names:
+            await self.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
 def create_server(host: str, port: int, register: Callable[[grpc.aio.Server], Iterable[str]],
                   max_message_bytes: int = 4 << 20, credentials: grpc.ServerCredentials | None = None,
                   interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
-                  ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+                  ) -> tuple[grpc.aio.Server, int, Health]:
     """A grpc.aio server with standard health and reflection; returns (server, bound port, health).
 
-    ``register`` adds the servicers and returns their full service names.
-    Port 0 binds a free port (tests). With ``credentials`` the port speaks TLS only.
+    ``register`` adds the servicers and returns their full service names; serve() reports them SERVING
+    (a caller starting the server itself awaits ``health.serving()``). Port 0 binds a free port (tests).
+    With ``credentials`` the port speaks TLS only. The port is ours alone (no SO_REUSEPORT, which gRPC
+    sets by default and which let a second service share a used port): a used port is a StartupError.
     """
     server = grpc.aio.server(interceptors=list(interceptors),
                              options=[("grpc.max_receive_message_length", max_message_bytes),
-                                      ("grpc.max_send_message_length", max_message_bytes)])
+                                      ("grpc.max_send_message_length", max_message_bytes),
+                                      ("grpc.so_reuseport", 0)])
     names = list(register(server))
-    health_servicer = health.HealthServicer()
+    health_servicer = Health(names)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in [*names, ""]:
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    if credentials is None:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    else:
-        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
+    except RuntimeError:   # grpcio raises "Failed to bind to address ..." (older versions returned 0)
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not bind {host}:{port}")
+        del server         # not started: let it go while the event loop still runs
+        raise StartupError(f"cannot listen on {host}:{port}: {why_not_bindable(host, port)}")
     return server, bound, health_servicer
 
 
-async def serve(server: grpc.aio.Server, health_servicer: health.HealthServicer, what: str,
+def why_not_bindable(host: str, port: int) -> str:
+    """Why a TCP listener on host:port fails, found by trying one (gRPC's own error does not say)."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as error:
+        return f"cannot resolve {host!r} ({error})"
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gRPC: TIME_WAIT is no conflict
+                probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return "address already in use (by another service?)"
+            return error.strerror or str(error)
+    return "gRPC could not bind it (GRPC_VERBOSITY=debug says more)"
+
+
+async def serve(server: grpc.aio.Server, health_servicer: Health, what: str,
                 address: str, grace_seconds: float) -> None:
-    """Start, log the address, and run until SIGINT/SIGTERM; then drain gracefully."""
+    """Start, log the address, and run until SIGINT/SIGTERM; then drain gracefully.
+
+    On a signal health turns NOT_SERVING (watchers hear it), new calls are refused, and calls in flight,
+    health Watch streams included, get ``grace_seconds`` to finish before they are cancelled.
+    """
+    await health_servicer.serving()
     await server.start()
     log.info("%s listening on %s", what, address)
     stop = asyncio.Event()
@@ -98,13 +149,27 @@ async def serve(server: grpc.aio.Server, health_servicer: health.HealthServicer,
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("%s shutting down (grace %.1fs)", what, grace_seconds)
-    health_servicer.enter_graceful_shutdown()
+    await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_seconds)
     log.info("%s stopped", what)
 
 
-def run(main_coro) -> None:
-    """Run a service's main coroutine on uvloop."""
+def run(main_coro, what: str = "service", fatal: tuple[type[BaseException], ...] = ()) -> None:
+    """Run a service's main coroutine on uvloop.
+
+    A StartupError, or one of ``fatal`` (errors whose message tells the operator what to fix, e.g. models
+    that are not prepared), ends the process with one error line and exit status 1 instead of a traceback.
+    """
     import uvloop
 
-    uvloop.run(main_coro)
+    async def guarded() -> str | None:
+        try:
+            await main_coro
+        except (StartupError, *fatal) as error:
+            return str(error)   # only the text: the traceback's frames (a half-built server) go with the loop
+        return None
+
+    problem = uvloop.run(guarded())
+    if problem is not None:
+        log.error("%s cannot start: %s", what, problem)
+        raise SystemExit(1)

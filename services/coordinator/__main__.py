@@ -210,4 +210,4 @@ async def main(config: CoordinatorConfig) -> None:
 if __name__ == "__main__":
     config = parse_args()
     logs.configure(config.observability.log_format)
-    rpc.run(main(config))
+    rpc.run(main(config), "coordinator")

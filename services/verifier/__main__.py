@@ -132,4 +132,4 @@ async def main(config: VerifierConfig) -> None:
 if __name__ == "__main__":
     config = parse_args()
     logs.configure(config.service.observability.log_format)
-    rpc.run(main(config))
+    rpc.run(main(config), "verifier")
