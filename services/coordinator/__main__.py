@@ -206,6 +206,8 @@ async def main(config: CoordinatorConfig) -> None:
 
 
 if __name__ == "__main__":
+    from edgespec.backends.assets import ModelAssetError
+
     config = parse_args()
     logs.configure(config.observability.log_format, config.observability.log_level)
-    rpc.run(main(config), "coordinator")
+    rpc.run(main(config), "coordinator", fatal=(ModelAssetError,))

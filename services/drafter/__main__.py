@@ -119,6 +119,8 @@ async def main(config: DrafterConfig) -> None:
 
 
 if __name__ == "__main__":
+    from edgespec.backends.assets import ModelAssetError
+
     config = parse_args()
     logs.configure(config.service.observability.log_format, config.service.observability.log_level)
-    rpc.run(main(config), "drafter")
+    rpc.run(main(config), "drafter", fatal=(ModelAssetError,))

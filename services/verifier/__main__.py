@@ -129,6 +129,8 @@ async def main(config: VerifierConfig) -> None:
 
 
 if __name__ == "__main__":
+    from edgespec.backends.assets import ModelAssetError
+
     config = parse_args()
     logs.configure(config.service.observability.log_format, config.service.observability.log_level)
-    rpc.run(main(config), "verifier")
+    rpc.run(main(config), "verifier", fatal=(ModelAssetError,))

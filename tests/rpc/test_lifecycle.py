@@ -1,14 +1,17 @@
 """Service lifecycle as an operator sees it: real processes, real sockets.
 
 SIGTERM ends a service within --grace while health Watch streams are open (a coordinator watches every
-verifier); a second service on a used port fails to start instead of sharing it.
+verifier); a second service on a used port fails to start instead of sharing it; services without their
+prepared models on a read-only cache say how to prepare them instead of dying with a traceback.
 """
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -130,3 +133,39 @@ def test_a_second_service_on_a_used_port_fails_to_start(tmp_path, module, args):
             second.kill()
             second.wait()
         kill(first)
+
+
+def read_only(directory: Path, argv: list[str]) -> list[str]:
+    """``argv`` run so that ``directory`` is read-only to it, as a `:ro` volume is in a container."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return argv
+    # root writes through permission bits: a read-only bind mount in a private mount namespace instead.
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare, "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && ! touch "$0/x"',
+                            str(directory)], capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("running as root without unshare/mount: cannot make a read-only directory")
+    return [unshare, "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(directory), *argv]
+
+
+@pytest.mark.parametrize("module,args", [
+    ("services.verifier", ["--model", "target"]),
+    ("services.drafter", ["--model", "draft"]),
+    ("services.coordinator", ["--tokenizer", "draft", "--verifier", "127.0.0.1:9", "--drafter", "127.0.0.1:9"]),
+], ids=["verifier", "drafter", "coordinator"])
+def test_unprepared_models_on_a_read_only_cache_say_how_to_prepare_them(tmp_path, module, args):
+    # compose mounts the model cache read-only; without the prepare profile run first it is empty.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    argv = read_only(cache, [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0", *args])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                             env={**service_env(), "EDGESPEC_CACHE": str(cache)})
+    finally:
+        cache.chmod(0o755)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "models are not prepared" in text and "--profile prepare" in text, text
+    assert "Traceback" not in text, text
+    assert list(cache.iterdir()) == []
