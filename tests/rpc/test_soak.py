@@ -5,6 +5,11 @@ from edgespec.tools import soak
 
 TINY = ["--verifier-args", "--model tiny:3 --threads 1", "--drafter-args", "--model tiny:3~1 --threads 1",
         "--sample-seconds", "2"]
+# Memory after warm-up, per service. This run measures slopes of about 0-2 MiB/min (the allocator settling)
+# while completing a few hundred generations a minute; a leak of 100 KiB per generation would show as tens of
+# MiB/min (~40 at ~400 generations a minute). The bounds are 15x what is measured, for a loaded machine's noise.
+MAX_SLOPE_MIB_PER_MINUTE = 30.0
+MAX_GROWTH_MIB = 30.0     # end - start after warm-up
 
 
 def run(tmp_path, *args):
@@ -27,7 +32,9 @@ def test_short_soak_with_an_overload_burst_has_no_failures_and_samples_memory(tm
     for name in ("verifier", "drafter", "coordinator"):
         memory = report["memory"][name]
         assert 0 < memory["start_mib"] <= memory["max_mib"] and 0 < memory["end_mib"] <= memory["max_mib"]
-        assert memory["slope_mib_per_minute"] is not None
+        assert memory["slope_mib_per_minute"] is not None, (name, report["memory_samples"])
+        assert memory["slope_mib_per_minute"] <= MAX_SLOPE_MIB_PER_MINUTE, (name, memory, report["memory_samples"])
+        assert memory["end_mib"] - memory["start_mib"] <= MAX_GROWTH_MIB, (name, memory, report["memory_samples"])
 
 
 def test_overload_without_a_burst_is_a_failure(tmp_path):
