@@ -6,16 +6,25 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from edgespec.sampling import RELAXED_METHODS, Relaxation, SamplingParams, SparseDist
 from edgespec.rounds import Window
 from edgespec.v1 import common_pb2, verifier_pb2
 
 
+def meant(value: float) -> float:
+    """The decimal a float32 field was set from: 0.8 travels as 0.800000011920929; the shortest
+    decimal that rounds to the same float32 is what the sender meant (and what a target-only
+    reference computed with 0.8 uses)."""
+    return float(str(np.float32(value)))
+
+
 def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> SamplingParams:
     """top_p 0 (unset) means 1.0 (a negative one is kept, for check_params to refuse); an absent seed
-    takes ``default_seed``."""
-    return SamplingParams(temperature=float(msg.temperature), top_k=int(msg.top_k),
-                          top_p=float(msg.top_p) if msg.top_p != 0 else 1.0,
+    takes ``default_seed``. Float fields are read as the decimals they were set from (``meant``)."""
+    return SamplingParams(temperature=meant(msg.temperature), top_k=int(msg.top_k),
+                          top_p=meant(msg.top_p) if msg.top_p != 0 else 1.0,
                           seed=int(msg.seed) if msg.HasField("seed") else default_seed,
                           relaxation=relaxation_from_pb(msg.relaxation), coupled=bool(msg.coupled))
 
@@ -30,9 +39,8 @@ def relaxation_from_pb(msg: common_pb2.Relaxation) -> Relaxation:
     """An unknown method number becomes a name check_params rejects with a clear message."""
     number = int(msg.method)
     method = RELAXED_METHODS[number] if 0 <= number < len(RELAXED_METHODS) else f"method #{number}"
-    # float fields carry float32: round to what was meant (0.3f is 0.30000001192...)
-    return Relaxation(method=method, weight=round(float(msg.weight), 6), learned=bool(msg.learned),
-                      margin=round(float(msg.margin), 6), task=msg.task)
+    return Relaxation(method=method, weight=meant(msg.weight), learned=bool(msg.learned),
+                      margin=meant(msg.margin), task=msg.task)
 
 
 def relaxation_to_pb(relax: Relaxation) -> common_pb2.Relaxation:
