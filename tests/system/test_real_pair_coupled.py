@@ -47,14 +47,17 @@ async def run(address, window):
     return tokens, stats
 
 
-def test_real_pair_coupled_sampling_equals_target_only_sampling(reference, tmp_path):
-    with LocalCluster(tmp_path / "blocking") as cluster:
+def test_real_pair_coupled_sampling_equals_target_only_sampling_at_every_window(reference, tmp_path):
+    with LocalCluster(tmp_path) as cluster:
         for window in (1, 2, 3, 4):
             tokens, stats = asyncio.run(run(cluster.coordinator.address, window))
             assert tokens == reference, window
             assert stats.verification == "coupled-sampling" and stats.seed == SEED and stats.accepted_tokens > 0
-    with LocalCluster(tmp_path / "pipelined", coordinator_args=["--pipeline", "on", "--failover-deadline", "300",
-                                                                 "--deadline", "120"]) as cluster:
+
+
+def test_real_pair_coupled_sampling_pipelined_and_across_a_verifier_kill(reference, tmp_path):
+    with LocalCluster(tmp_path, coordinator_args=["--pipeline", "on", "--failover-deadline", "300",
+                                                  "--deadline", "120"]) as cluster:
         tokens, stats = asyncio.run(run(cluster.coordinator.address, 3))
         assert tokens == reference and stats.pipelined and stats.optimistic_windows > 0
 
