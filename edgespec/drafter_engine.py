@@ -2,12 +2,19 @@
 
 The cache is synced lazily to the committed tokens on the next draft (longest
 common prefix), so a rollback is only a change of the committed list.
+
+Idle sessions, as on the verifier: a session unused for ``idle_ttl_seconds``
+loses its KV cache (its committed tokens stay; the next draft rebuilds the cache
+from them, so eviction costs a prefill, never a different draft); one unused
+for ``forget_after_seconds`` is dropped entirely, and the coordinator re-opens
+it with its committed prefix when it answers NOT_FOUND. That frees what a
+crashed coordinator leaves behind.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -30,6 +37,8 @@ class DraftModel(Protocol):
 class DrafterLimits:
     max_window: int = 16            # largest k per Draft call, tokens
     max_session_tokens: int = 8192  # largest committed length of one session, tokens
+    idle_ttl_seconds: float = 0.0   # drop the KV cache of a session idle this long (0 = never)
+    forget_after_seconds: float = 0.0  # drop a session idle this long entirely (0 = never)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +48,33 @@ class Proposal:
     seconds: float                  # model time, seconds
 
 
+@dataclass(frozen=True, slots=True)
+class Evictions:
+    kv_dropped: list[str]    # sessions whose KV cache was freed (rebuilt on their next draft)
+    forgotten: list[str]     # sessions dropped entirely
+
+
 @dataclass(slots=True)
 class _Session:
     committed: list[int]
     kv: Any
     params: SamplingParams
     q_ids: int    # ids of q kept per position when sampling; 0 = deterministic drafting
+    last_used: float = 0.0   # clock time of the last open, draft or crop
+    cached: bool = True      # kv may hold positions (False right after an eviction)
 
 
 class DrafterEngine:
-    def __init__(self, model: DraftModel, limits: DrafterLimits = DrafterLimits()):
+    def __init__(self, model: DraftModel, limits: DrafterLimits = DrafterLimits(),
+                 clock: Callable[[], float] = time.monotonic):
         self.model = model
         self.limits = limits
+        self.clock = clock
         self._sessions: dict[str, _Session] = {}
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
 
     def committed(self, session_id: str) -> list[int]:
         return list(self._get(session_id).committed)
@@ -63,7 +86,7 @@ class DrafterEngine:
         check_params(params)
         if not 0 <= q_ids <= self.model.vocab_size:
             raise InvalidArgument("q_ids", f"must be in 0..{self.model.vocab_size}, got {q_ids}")
-        session = _Session(list(tokens), self.model.new_state(), params, q_ids)
+        session = _Session(list(tokens), self.model.new_state(), params, q_ids, self.clock())
         self.model.prefill(session.kv, tokens)   # so the first draft costs what later ones do
         self._sessions[session_id] = session
         return len(tokens)
@@ -77,6 +100,7 @@ class DrafterEngine:
         if not 1 <= position <= len(session.committed):
             raise InvalidArgument("position", f"must be in 1..{len(session.committed)}, got {position}")
         del session.committed[position:]
+        session.last_used = self.clock()
         return position
 
     def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> Proposal:
@@ -96,6 +120,7 @@ class DrafterEngine:
         if base_position + k > self.limits.max_session_tokens:
             raise InvalidArgument("base_position", f"session would exceed {self.limits.max_session_tokens} tokens")
         session.committed[start:] = append
+        session.last_used, session.cached = self.clock(), True
         started = time.perf_counter()
         if session.params.greedy:
             return Proposal(self.model.greedy_draft(session.kv, session.committed, k), None,
@@ -124,6 +149,20 @@ class DrafterEngine:
             tokens.append(token)
             seq.append(token)
         return tokens, (dists if session.q_ids and not coupled else None)
+
+    def evict_idle(self) -> Evictions:
+        """Free the KV caches of sessions idle past the TTL; drop those idle past ``forget_after``."""
+        now, limits = self.clock(), self.limits
+        dropped, forgotten = [], []
+        for session_id, session in list(self._sessions.items()):
+            idle = now - session.last_used
+            if limits.forget_after_seconds and idle >= limits.forget_after_seconds:
+                del self._sessions[session_id]
+                forgotten.append(session_id)
+            elif limits.idle_ttl_seconds and idle >= limits.idle_ttl_seconds and session.cached:
+                session.kv, session.cached = self.model.new_state(), False   # rebuilt from committed on the next draft
+                dropped.append(session_id)
+        return Evictions(dropped, forgotten)
 
     def _get(self, session_id: str) -> _Session:
         try:

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -25,6 +26,14 @@ class DrafterConfig:
     onnx_dir: str | None          # an `edgespec export-onnx` directory, for backend onnx
     vocab_size: int               # token ids the n-gram drafter accepts (the target's vocab size), for backend ngram
     cross_tokenizer: str | None = None   # target tokenizer spec: draft in its token space through text (backend torch)
+    idle_ttl_seconds: float = 300.0      # evict the KV cache of a session idle this long (0 = never)
+    forget_after_seconds: float = 3600.0 # drop a session idle this long, freeing its owner's slot (0 = never)
+
+
+def sweep_period(config: "DrafterConfig") -> float | None:
+    """How often to look for idle sessions: a quarter of the shortest idle limit (None = never)."""
+    limits = [s for s in (config.idle_ttl_seconds, config.forget_after_seconds) if s]
+    return min(limits) / 4 if limits else None
 
 
 def parse_args(argv: list[str] | None = None) -> DrafterConfig:
@@ -53,13 +62,24 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
                              "tokenizer (e.g. --model smollm2): drafts are converted through text to target ids; "
                              "verification stays exact (backend torch). 'draft' is the same Qwen tokenizer as 'target' "
                              "without the 1.5B packages")
+    parser.add_argument("--idle-ttl", type=float, default=300.0,
+                        help="seconds a session may sit idle before its draft KV cache is evicted (rebuilt from its "
+                             "committed tokens on its next draft); 0 = never (default %(default)s)")
+    parser.add_argument("--forget-after", type=float, default=3600.0,
+                        help="seconds a session may sit idle before it is dropped entirely and its client's session "
+                             "slot freed (the coordinator re-opens it with its committed prefix); 0 = never "
+                             "(default %(default)s)")
     args = parser.parse_args(argv)
     if args.cross_tokenizer and args.backend != "torch":
         parser.error("--cross-tokenizer needs --backend torch")
     if args.backend == "onnx" and not args.onnx_dir:
         parser.error("--backend onnx needs --onnx-dir (make one with `edgespec export-onnx MODEL DIR`)")
+    if min(args.idle_ttl, args.forget_after) < 0:
+        parser.error("--idle-ttl and --forget-after must be >= 0")
+    if args.idle_ttl and args.forget_after and args.forget_after < args.idle_ttl:
+        parser.error("--forget-after must be at least --idle-ttl")
     return DrafterConfig(model_service_config(parser, args), args.quantize, args.backend, args.onnx_dir or None,
-                         args.vocab_size, args.cross_tokenizer or None)
+                         args.vocab_size, args.cross_tokenizer or None, args.idle_ttl, args.forget_after)
 
 
 def load_model(config: DrafterConfig):
@@ -104,7 +124,8 @@ async def main(config: DrafterConfig) -> None:
     worker = ModelWorker("drafter")
     log.info("loading %s draft model %s", drafter.backend, drafter.onnx_dir if drafter.backend == "onnx" else config.model)
     model, _ = await worker.call(load_model, drafter)
-    engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens))
+    engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens,
+                                                drafter.idle_ttl_seconds, drafter.forget_after_seconds))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
                                   backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1])
     servicer = DrafterServicer(engine, worker, info, SessionOwners(config.security.max_sessions_per_client),
@@ -112,10 +133,17 @@ async def main(config: DrafterConfig) -> None:
     credentials, interceptors = server_parts(config.security)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
-    log.info("draft %s on %s", model.name, model.placement)
-    await rpc.serve(server, health, "drafter", f"{config.host}:{port}", config.grace_seconds)
-    servicer.worker.shutdown()
-    exports.shutdown()
+    log.info("draft %s on %s; idle sessions: KV evicted after %gs, dropped after %gs (0 = never)",
+             model.name, model.placement, drafter.idle_ttl_seconds, drafter.forget_after_seconds)
+    period = sweep_period(drafter)
+    sweeper = asyncio.ensure_future(servicer.sweep(period)) if period else None
+    try:
+        await rpc.serve(server, health, "drafter", f"{config.host}:{port}", config.grace_seconds)
+    finally:
+        if sweeper is not None:
+            sweeper.cancel()
+        servicer.worker.shutdown()
+        exports.shutdown()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ when the call's metadata carries one; every call's logs carry its session id
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -83,6 +84,23 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             await rpc.abort(context, error)
         log.info("session %s closed", request.session_id)
         return pb.DrafterCloseResponse()
+
+    async def sweep(self, period_seconds: float) -> None:
+        """Every period: evict idle sessions' KV caches, forget long-idle sessions (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(period_seconds)
+            await self.sweep_once()
+
+    async def sweep_once(self) -> tuple[list[str], list[str]]:
+        """One idle sweep on the model worker; a forgotten session's owner slot is released.
+        Returns (sessions whose KV cache was evicted, sessions forgotten)."""
+        evicted, _ = await self.worker.call(self.engine.evict_idle)
+        for session_id in evicted.forgotten:
+            self.owners.release(session_id)
+        if evicted.kv_dropped or evicted.forgotten:
+            log.info("idle sweep: %d KV caches evicted (rebuilt on their next draft), %d sessions forgotten",
+                     len(evicted.kv_dropped), len(evicted.forgotten))
+        return evicted.kv_dropped, evicted.forgotten
 
 
 def _bind(session_id: str, context) -> None:
