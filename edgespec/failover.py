@@ -7,7 +7,9 @@ lost the session (NOT_FOUND: restarted or evicted) or disagrees about the
 committed position (ABORTED) — and the window is sent again. An overloaded
 verifier (RESOURCE_EXHAUSTED with a retry hint) keeps the session: the window
 is resent there after the hint, and re-homed only if the overload outlasts
-the recovery deadline. Windows are
+the recovery deadline. A verifier that refuses to open a session
+(RESOURCE_EXHAUSTED: a session quota, its KV budget) is asked again after its
+hint or a growing backoff, until the deadline, and never banned. Windows are
 idempotent by (session_id, base_position) and uniforms come from (seed,
 position), so a resent window gets the verdict the lost one would have had:
 no committed token is lost, repeated or changed.
@@ -179,6 +181,7 @@ class FailoverVerifier:
     async def _home(self, session_id: str, pinned: _Pinned, prefer: str | None) -> None:
         """Open the session with its committed prefix on a usable verifier, waiting up to the deadline."""
         deadline = time.monotonic() + self.recovery_deadline
+        refusals = 0
         while True:
             if pinned.closed:
                 raise Unavailable(f"session {session_id} was closed while re-homing")
@@ -192,7 +195,21 @@ class FailoverVerifier:
                 continue
             try:
                 await self.endpoints[address].open(session_id, pinned.committed, pinned.params)
-            except (Unavailable, ResourceExhausted) as error:
+            except ResourceExhausted as error:
+                # Alive and answering, but refusing the session for now (a session quota, the KV budget): no
+                # fault of the verifier, so no ban. Wait (at least its retry hint) and ask the same one again.
+                refusals += 1
+                delay = open_retry_delay(error.retry_after_seconds, refusals)
+                if time.monotonic() + delay > deadline:
+                    raise ResourceExhausted(f"session {session_id}: verifier {address} kept refusing it for "
+                                            f"{self.recovery_deadline:.0f}s: {error}",
+                                            error.retry_after_seconds) from error
+                log.info("session %s: verifier %s refused the session (%s); asking again in %.2fs",
+                         session_id, address, error, delay)
+                await asyncio.sleep(delay)
+                prefer = address
+                continue
+            except Unavailable as error:
                 log.warning("session %s: opening on verifier %s failed: %s", session_id, address, error)
                 self.pool.ban(address)
                 prefer = None
@@ -211,3 +228,15 @@ class FailoverVerifier:
             await self.endpoints[address].discard(session_id)
         except Exception as error:   # noqa: BLE001 — best effort on a peer we already gave up on
             log.debug("closing session %s on abandoned verifier %s: %s", session_id, address, error)
+
+
+OPEN_RETRY_FIRST_SECONDS = 0.1   # first wait after a refused open without a retry hint; doubles per refusal
+OPEN_RETRY_MAX_SECONDS = 5.0     # longest wait between asks without a hint
+
+
+def open_retry_delay(hint_seconds: float | None, refusals: int, rng=random.random) -> float:
+    """Seconds to wait after the ``refusals``-th RESOURCE_EXHAUSTED answer to an open: the verifier's retry hint
+    (never less), else exponential from 0.1 s up to 5 s; plus up to 25% jitter so refused sessions spread out."""
+    base = hint_seconds if hint_seconds is not None else min(
+        OPEN_RETRY_MAX_SECONDS, OPEN_RETRY_FIRST_SECONDS * 2 ** (refusals - 1))
+    return base * (1 + 0.25 * rng())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import AsyncIterator, Iterator, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from edgespec.errors import Aborted, NotFound, Unavailable
+from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
 from edgespec.metrics import CoordinatorMetrics
 from edgespec.sampling import SamplingParams, SparseDist
 from edgespec.session import SessionLog
@@ -37,6 +38,10 @@ from edgespec.window import WindowPolicy
 log = logging.getLogger(__name__)
 
 DRAFTER_BACKOFF_SECONDS = 1.0   # target-only rounds after a drafter fault before trying it again
+DRAFTER_MAX_REFUSED_BACKOFF_SECONDS = 30.0   # cap of the backoff that doubles while the drafter refuses the session
+# What makes a session fall back to target-only rounds: the drafter down, its session lost or out of step,
+# or the session refused (RESOURCE_EXHAUSTED). None of them fails the generation: the verifier alone suffices.
+DRAFTER_FAULTS = (Unavailable, NotFound, Aborted, ResourceExhausted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,7 @@ class Rounds:
         # None while the drafter holds the session; else when to (re)open it there
         # (0 at the start: opened on the first draft, so a down drafter only costs speed).
         self.drafter_down_until: float | None = 0.0
+        self.drafter_refusals = 0   # RESOURCE_EXHAUSTED answers from the drafter in a row (the backoff grows)
         self.next_seq = 0
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
@@ -122,7 +128,7 @@ class Rounds:
             append = log_.committed[self.drafter_synced:] + list(speculative)
             try:
                 result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
-            except (Unavailable, NotFound, Aborted) as error:
+            except DRAFTER_FAULTS as error:
                 self._drafter_fault(error)
                 span.set_attribute("edgespec.drafter_down", True)
                 return None
@@ -130,9 +136,20 @@ class Rounds:
             return result
 
     def _drafter_fault(self, error: Exception) -> None:
-        log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
-                    self.session_id, error, DRAFTER_BACKOFF_SECONDS)
-        self.drafter_down_until = time.monotonic() + DRAFTER_BACKOFF_SECONDS
+        if isinstance(error, ResourceExhausted):
+            # Refused (its session quota, a rate limit), not broken: target-only rounds, and ask again after
+            # its hint or a backoff that grows while the refusals go on (jittered: refused sessions spread out).
+            self.drafter_refusals += 1
+            seconds = max(error.retry_after_seconds or 0.0, min(
+                DRAFTER_MAX_REFUSED_BACKOFF_SECONDS, DRAFTER_BACKOFF_SECONDS * 2 ** (self.drafter_refusals - 1)))
+            seconds *= 1 + 0.25 * random.random()
+            log.info("session %s: the drafter refused (%s); target-only rounds for %.1fs",
+                     self.session_id, error, seconds)
+        else:
+            seconds = DRAFTER_BACKOFF_SECONDS
+            log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
+                        self.session_id, error, seconds)
+        self.drafter_down_until = time.monotonic() + seconds
 
     async def _drafter_ready(self) -> bool:
         if self.drafter_down_until is None:
@@ -141,11 +158,12 @@ class Rounds:
             return False
         try:
             await self.drafter.open(self.session_id, self.log.committed, self.params)
-        except (Unavailable, NotFound, Aborted) as error:
+        except DRAFTER_FAULTS as error:
             self._drafter_fault(error)
             return False
         log.info("session %s: drafter opened at position %d", self.session_id, self.log.position)
         self.drafter_down_until = None
+        self.drafter_refusals = 0
         self.drafter_synced = self.log.position
         return True
 

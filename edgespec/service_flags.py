@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from edgespec.logs import FORMATS as LOG_FORMATS, LEVELS as LOG_LEVELS
-from edgespec.security import ServerSecurity
+from edgespec.security import ANONYMOUS, END_USER_KEY, ServerSecurity, parse_identities
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +132,16 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
                             "sessions are bound to the identity that opened them")
     group.add_argument("--max-sessions-per-client", type=int, default=64,
                        help="open sessions per client identity (default %(default)s)")
+    group.add_argument("--service-identities", default=ANONYMOUS,
+                       help="comma-separated identities that are infrastructure, not end users (e.g. the "
+                            "coordinator's: 'coordinator' or 'cert:coordinator'): their sessions count against "
+                            "--max-sessions-per-service, and they may name the end user they call for in "
+                            f"'{END_USER_KEY}' metadata (read from nobody else), whose --max-sessions-per-client "
+                            "then applies too. 'anonymous' (the default) covers every caller of a server without "
+                            "--auth-tokens or mutual TLS; '' = none (default %(default)s)")
+    group.add_argument("--max-sessions-per-service", type=int, default=4096,
+                       help="open sessions per service identity, all the end users it names together; over it: "
+                            "RESOURCE_EXHAUSTED with a retry-after-ms hint (default %(default)s)")
     group.add_argument("--rate-limit", type=float, default=0.0,
                        help="calls per second per client identity, 0 = unlimited; over it: RESOURCE_EXHAUSTED with a "
                             "retry-after-ms hint (default %(default)s)")
@@ -180,7 +190,8 @@ def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         # "" (an empty flag or environment variable) is no file, as unset is.
         return ServerSecurity(args.tls_cert or None, args.tls_key or None, args.tls_client_ca or None,
                               args.auth_tokens or None,
-                              args.max_sessions_per_client, args.rate_limit, args.rate_burst, args.max_message_bytes)
+                              args.max_sessions_per_client, args.rate_limit, args.rate_burst, args.max_message_bytes,
+                              parse_identities(args.service_identities), args.max_sessions_per_service)
     except ValueError as error:
         parser.error(str(error))
 

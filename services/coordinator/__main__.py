@@ -186,7 +186,7 @@ async def main(config: CoordinatorConfig) -> None:
     servicer = CoordinatorServicer(tokenizer, drafters, verifier, config.window, config.max_window,
                                    config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
                                    config.auto_policy, config.pipeline, config.on_verifier_loss,
-                                   config.max_unverified, SessionOwners(config.security.max_sessions_per_client),
+                                   config.max_unverified, SessionOwners.for_security(config.security),
                                    router, metrics)
     credentials, interceptors = server_parts(config.security)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),

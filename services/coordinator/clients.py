@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgespec import errors, logs, rpc, tracing
 from edgespec.sampling import SamplingParams, SparseDist
+from edgespec.security import end_user_metadata
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from edgespec.rounds import Window
 from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
@@ -205,8 +206,10 @@ def outgoing_metadata() -> list[tuple[str, str]]:
 
 
 def request_metadata() -> list[tuple[str, str]]:
+    """The generation's request id, and the end user it is for (its per-client limits apply upstream when
+    the drafter and verifiers list our identity in --service-identities; edgespec.security)."""
     request_id = logs.request_id.get()
-    return [(logs.REQUEST_ID_KEY, request_id)] if request_id else []
+    return ([(logs.REQUEST_ID_KEY, request_id)] if request_id else []) + end_user_metadata()
 
 
 def _retrieved(future: asyncio.Future) -> None:

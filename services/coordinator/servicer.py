@@ -21,7 +21,7 @@ from edgespec.failover import FailoverVerifier
 from edgespec.limits import check_token_ids
 from edgespec.metrics import CoordinatorMetrics
 from edgespec.sampling import check_params
-from edgespec.security import SessionOwners, current_identity
+from edgespec.security import SessionOwners, current_caller
 from edgespec.session import SessionLog
 from edgespec.speculation import speculate
 from edgespec.tokenizer import TextStream, Tokenizer
@@ -93,7 +93,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if len(resume) >= request.max_new_tokens or eos_ids.intersection(resume):
                 raise InvalidArgument("resume_token_ids", f"{len(resume)} tokens already finish the generation "
                                       f"(max_new_tokens {request.max_new_tokens}, or an EOS among them)")
-            self.owners.claim(session_id, current_identity())   # a generation slot of this client
+            self.owners.claim(session_id, current_caller())   # a generation slot of this client (or service)
         except EdgespecError as error:
             await rpc.abort(context, error)
         session = SessionLog(prompt, request.max_new_tokens, eos_ids, generated=resume)

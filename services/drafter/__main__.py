@@ -128,7 +128,7 @@ async def main(config: DrafterConfig) -> None:
                                                 drafter.idle_ttl_seconds, drafter.forget_after_seconds))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
                                   backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1])
-    servicer = DrafterServicer(engine, worker, info, SessionOwners(config.security.max_sessions_per_client),
+    servicer = DrafterServicer(engine, worker, info, SessionOwners.for_security(config.security),
                                DrafterMetrics())
     credentials, interceptors = server_parts(config.security)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),

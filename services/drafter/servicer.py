@@ -15,7 +15,7 @@ from edgespec import logs, rpc, tracing
 from edgespec.drafter_engine import DrafterEngine
 from edgespec.errors import EdgespecError
 from edgespec.metrics import DrafterMetrics
-from edgespec.security import SessionOwners, current_identity
+from edgespec.security import SessionOwners, current_caller, current_identity
 from edgespec.v1 import drafter_pb2 as pb
 from edgespec.wire import dists_to_pb, params_from_pb
 from edgespec.v1 import drafter_pb2_grpc
@@ -40,7 +40,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         new = False
         with _call_span("drafter.open_session", request.session_id, context, {"edgespec.tokens": len(request.tokens)}):
             try:
-                new = self.owners.claim(request.session_id, current_identity())
+                new = self.owners.claim(request.session_id, current_caller())
                 position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
                                                      params_from_pb(request.sampling), request.q_ids)
             except EdgespecError as error:

@@ -109,7 +109,7 @@ async def main(config: VerifierConfig) -> None:
     engine = VerifierEngine(target, eos_ids(target), config.limits)
     scheduler = VerifyScheduler(engine, worker, config.batch)
     servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device), service.dtype,
-                                SessionOwners(service.security.max_sessions_per_client), metrics)
+                                SessionOwners.for_security(service.security), metrics)
     credentials, interceptors = server_parts(service.security)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
                                              service.security.max_message_bytes, credentials, interceptors)

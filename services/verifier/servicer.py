@@ -14,7 +14,7 @@ from edgespec import logs, rpc, tracing
 from edgespec.batching import BatchDone, VerifyScheduler
 from edgespec.errors import EdgespecError
 from edgespec.metrics import VerifierMetrics
-from edgespec.security import SessionOwners, current_identity
+from edgespec.security import SessionOwners, current_caller, current_identity
 from edgespec.v1 import verifier_pb2 as pb
 from edgespec.wire import dists_from_pb, params_from_pb
 from edgespec.v1 import verifier_pb2_grpc
@@ -48,7 +48,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         with tracing.server_span("verifier.open_session", tracing.incoming_carrier(context.invocation_metadata()),
                                  {tracing.SESSION_ID: request.session_id, "edgespec.tokens": len(request.tokens)}):
             try:
-                new = self.owners.claim(request.session_id, current_identity())
+                new = self.owners.claim(request.session_id, current_caller())
                 (seconds, usage), _ = await self.worker.call(self._open, request.session_id, list(request.tokens),
                                                              params_from_pb(request.sampling))
             except EdgespecError as error:
