@@ -26,10 +26,11 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 
 import grpc
 
-from edge_client.client import RELAXED_HELP
+from edge_client.client import RECONNECT_SECONDS, RELAXED_HELP
 from edgespec.transport import ClientSecurity, read_token
 
 TOOLS = {
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--relaxed", default="", metavar="SPEC", help=RELAXED_HELP)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
+    gen.add_argument("--reconnect-seconds", type=float, default=RECONNECT_SECONDS,
+                     help="when the coordinator is unreachable or has no verifier (UNAVAILABLE), keep retrying (with "
+                          "exponential backoff, saying so on stderr) for this long before giving up "
+                          "(default %(default)s)")
     sec = gen.add_argument_group("security")
     sec.add_argument("--tls-ca", default=os.environ.get("EDGESPEC_TLS_CA"),
                      help="PEM CA: connect with TLS, trusting this CA (env EDGESPEC_TLS_CA; default plaintext)")
@@ -99,16 +104,55 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(_generate(args))
 
 
+class WaitNotice:
+    """Tells the user on stderr that generate is waiting for a working coordinator: once when the
+    trouble begins, then every ``every_seconds`` while it lasts, and once when it is over."""
+
+    def __init__(self, address: str, write=None, every_seconds: float = 10.0, clock=time.monotonic):
+        self.address = address
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.every = every_seconds
+        self.clock = clock
+        self.spoken_at: float | None = None    # waited_seconds when we last spoke, in this outage
+        self.since = 0.0                        # clock time the outage began
+
+    @property
+    def waited(self) -> float:
+        """Seconds since the outage we spoke about began."""
+        return self.clock() - self.since
+
+    def __call__(self, waiting) -> None:
+        problem = f"{waiting.error.code().name}: {waiting.error.details()}"
+        if self.spoken_at is None:
+            self.since = self.clock() - waiting.waited_seconds
+            self.write(f"[waiting for the coordinator at {self.address}: {problem}; retrying with backoff, "
+                       f"giving up in {waiting.give_up_in_seconds:.0f}s]")
+        elif waiting.waited_seconds - self.spoken_at >= self.every:
+            self.write(f"[still waiting after {waiting.waited_seconds:.0f}s ({waiting.attempt} tries; {problem}); "
+                       f"giving up in {waiting.give_up_in_seconds:.0f}s]")
+        else:
+            return
+        self.spoken_at = waiting.waited_seconds
+
+    def recovered(self) -> None:
+        if self.spoken_at is not None:
+            self.write(f"[coordinator back after {self.waited:.0f}s: continuing]")
+        self.spoken_at = None
+
+
 async def _generate(args) -> int:
     from edge_client.client import generate_resilient
 
     unverified = False
+    notice = WaitNotice(args.coordinator)
     try:
         async for event in generate_resilient(args.coordinator, args.prompt, args.max_new_tokens,
+                                              reconnect_seconds=args.reconnect_seconds, on_wait=notice,
                                               window=args.window, chat=not args.raw, timeout_seconds=args.timeout,
                                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                               seed=args.seed, relaxed=args.relaxed, coupled=args.coupled,
                                               security=args.security):
+            notice.recovered()
             if event.HasField("chunk"):
                 chunk = event.chunk
                 if chunk.unverified and not unverified:
@@ -122,7 +166,8 @@ async def _generate(args) -> int:
                 print(file=sys.stdout)
                 print(format_stats(event.stats), file=sys.stderr)
     except grpc.aio.AioRpcError as error:
-        print(f"\nedgespec: {error.code().name}: {error.details()}", file=sys.stderr)
+        gave_up = f" (gave up after {notice.waited:.0f}s of retrying)" if notice.spoken_at is not None else ""
+        print(f"\nedgespec: {error.code().name}: {error.details()}{gave_up}", file=sys.stderr)
         return 1
     except ValueError as error:   # e.g. a token without TLS to a remote address
         print(f"edgespec: {error}", file=sys.stderr)

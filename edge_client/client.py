@@ -5,8 +5,10 @@ Depends only on grpcio, protobuf and the generated code.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from typing import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -85,23 +87,53 @@ def _retryable(error: grpc.aio.AioRpcError) -> bool:
     return error.code() in RECONNECT_CODES and not any(word in details for word in TLS_FAILURE_WORDS)
 
 
-async def generate_resilient(address: str, prompt: str, max_new_tokens: int, reconnect_seconds: float = 60.0,
-                             **kwargs) -> AsyncIterator[pb.GenerateResponse]:
-    """generate() that survives a coordinator restart or a dropped connection.
+RECONNECT_SECONDS = 45.0          # how long generate_resilient keeps trying before it gives up
+RECONNECT_FIRST_SECONDS = 0.25    # the first wait's ceiling; it doubles per failed try ...
+RECONNECT_MAX_SECONDS = 8.0       # ... up to this
 
-    When the stream breaks, it reconnects (for up to ``reconnect_seconds``) and
-    resumes with the verified tokens it already has, so no token is lost or
-    repeated. Greedy output is identical to an uninterrupted call, and so is coupled
+
+def reconnect_delay(attempt: int, first: float = RECONNECT_FIRST_SECONDS, cap: float = RECONNECT_MAX_SECONDS,
+                    rng: Callable[[], float] = random.random) -> float:
+    """Seconds to wait before reconnect try ``attempt`` (1 = the first retry): exponential backoff with
+    "equal jitter", between half and all of min(cap, first * 2^(attempt-1)), so that clients cut off
+    together do not come back together, and none hammers a coordinator that answers at once."""
+    ceiling = min(cap, first * 2 ** (max(1, attempt) - 1))
+    return ceiling / 2 + rng() * ceiling / 2
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What generate_resilient is doing while it cannot reach a working coordinator (for ``on_wait``)."""
+    attempt: int                   # failed tries so far, since the trouble began
+    waited_seconds: float          # since the trouble began
+    delay_seconds: float           # until the next try
+    give_up_in_seconds: float      # until generate_resilient gives up and raises the last error
+    error: grpc.aio.AioRpcError    # the last failure
+
+
+async def generate_resilient(address: str, prompt: str, max_new_tokens: int,
+                             reconnect_seconds: float = RECONNECT_SECONDS,
+                             on_wait: Callable[[Waiting], None] | None = None,
+                             **kwargs) -> AsyncIterator[pb.GenerateResponse]:
+    """generate() that survives a coordinator restart, a dropped connection, or no verifier for a while.
+
+    When a call fails with a status that may heal (UNAVAILABLE and the like), it tries again, backing off
+    exponentially with jitter (``reconnect_delay``), and resumes with the verified tokens it already has,
+    so no token is lost or repeated. It gives up, raising the last error, ``reconnect_seconds`` after the
+    trouble began (the start of the failed call, or its last event). ``on_wait`` hears of every wait.
+    Greedy output is identical to an uninterrupted call, and so is coupled
     sampling (``coupled=True``) with a ``seed``; with the standard sampler the resumed
     tail is a fresh sample of the right distribution, not necessarily the same text.
     Unverified tokens (degraded mode) are not kept: the resumed call recomputes them.
     """
     verified: list[int] = []
     broken_since: float | None = None
+    attempt = 0
     while True:
+        progress = time.monotonic()      # the trouble, if any, began no earlier than this call's start ...
         try:
             async for event in generate(address, prompt, max_new_tokens, resume_token_ids=verified, **kwargs):
-                broken_since = None
+                broken_since, attempt, progress = None, 0, time.monotonic()   # ... or its last event
                 if event.HasField("chunk") and event.chunk.token_ids and not event.chunk.unverified:
                     del verified[event.chunk.position:]
                     verified += event.chunk.token_ids
@@ -110,7 +142,13 @@ async def generate_resilient(address: str, prompt: str, max_new_tokens: int, rec
         except grpc.aio.AioRpcError as error:
             if not _retryable(error):
                 raise
-            broken_since = broken_since or time.monotonic()
-            if time.monotonic() - broken_since > reconnect_seconds:
+            broken_since = broken_since or progress
+            attempt += 1
+            now = time.monotonic()
+            left = broken_since + reconnect_seconds - now
+            if left <= 0:
                 raise
-            await asyncio.sleep(0.2)
+            delay = min(reconnect_delay(attempt), left)
+            if on_wait is not None:
+                on_wait(Waiting(attempt, now - broken_since, delay, left, error))
+            await asyncio.sleep(delay)

@@ -158,7 +158,9 @@ async def main(config: CoordinatorConfig) -> None:
     from edgespec.pool import VerifierPool
     from edgespec.security import SessionOwners, server_parts
     from edgespec.tokenizer import load_tokenizer
+    from edgespec.v1 import coordinator_pb2
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
+    from services.coordinator.readiness import follow_verifier_health
     from services.coordinator.servicer import CoordinatorServicer, register
 
     exports = observability.setup("edgespec-coordinator", config.observability.metrics_port,
@@ -177,10 +179,13 @@ async def main(config: CoordinatorConfig) -> None:
     pool = VerifierPool(config.verifiers, config.ban_seconds, config.max_ban_seconds)
     verifier = FailoverVerifier(pool, endpoints, config.failover_deadline_seconds, metrics)
 
+    verifiers_changed = asyncio.Event()   # wakes the follower of our own health (services/coordinator/readiness.py)
+
     def health_changed(address: str, serving: bool) -> None:
         if pool.endpoints[address].serving != serving:
             log.info("verifier %s is %s", address, "SERVING" if serving else "not serving")
         pool.set_serving(address, serving)
+        verifiers_changed.set()
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
     servicer = CoordinatorServicer(tokenizer, drafters, verifier, config.window, config.max_window,
@@ -195,6 +200,10 @@ async def main(config: CoordinatorConfig) -> None:
              ", ".join(f"{name}={address}" for name, address in config.drafters.items()),
              ", ".join(config.verifiers), "auto" if config.window < 0 else config.window,
              "on" if config.pipeline else "off", config.on_verifier_loss)
+    if config.on_verifier_loss == "fail":   # draft-only still serves (unverified text) without a verifier
+        watchers.append(asyncio.ensure_future(follow_verifier_health(
+            health, [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name, ""], pool,
+            verifiers_changed)))
     await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
     for watcher in watchers:
         watcher.cancel()

@@ -39,6 +39,33 @@ from services.coordinator.clients import GrpcDrafter
 log = logging.getLogger(__name__)
 
 
+class LogThrottle:
+    """At most one record per key and interval for a problem that repeats (no verifier reachable: every
+    request fails the same way, as often as clients retry); the next record says how many were held back,
+    and those go to DEBUG meanwhile."""
+
+    MAX_KEYS = 1000
+
+    def __init__(self, interval_seconds: float = 30.0, clock=time.monotonic):
+        self.interval = interval_seconds
+        self.clock = clock
+        self._last: dict[str, tuple[float, int]] = {}   # key -> (when last logged, records held back since)
+
+    def log(self, logger: logging.Logger, level: int, key: str, message: str, *args) -> None:
+        now = self.clock()
+        at, held = self._last.get(key, (None, 0))
+        if at is not None and now - at < self.interval:
+            self._last[key] = (at, held + 1)
+            logger.debug(message, *args)
+            return
+        if held:
+            message, args = message + " (%d more like it in the last %.0fs)", (*args, held, now - at)
+        if len(self._last) >= self.MAX_KEYS and key not in self._last:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        logger.log(level, message, *args)
+
+
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, tokenizer: Tokenizer, drafters: dict[str, GrpcDrafter], verifier: FailoverVerifier,
                  default_window: int, max_window: int, max_new_tokens_limit: int, max_prompt_tokens: int,
@@ -64,6 +91,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.costs = Telemetry()                 # costs measured by earlier sessions (links, draft, verify by window)
         self._head: WeightHead | None = None     # relaxed verification: the per-task weights, loaded on first use
         self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
+        self.throttle = LogThrottle()            # repeated warnings (no verifier) once per 30 s
 
     async def Generate(self, request: pb.GenerateRequest, context):
         session_id = uuid.uuid4().hex
@@ -128,7 +156,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     token_ids=chunk.tokens, text=piece, generated=chunk.position + len(chunk.tokens),
                     position=chunk.position, unverified=chunk.unverified))
         except EdgespecError as error:
-            log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
+            if isinstance(error, Unavailable):   # no verifier: every generation fails alike while it lasts
+                self.throttle.log(log, logging.WARNING, "unavailable", "session %s failed after %d tokens: %s",
+                                  session_id, len(session.generated), error)
+            else:
+                log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
             self.metrics.failed()
             await rpc.abort(context, error)
         finally:
@@ -209,7 +241,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     self._info = await self.verifier.endpoints[address].info()
                     break
                 except EdgespecError as error:
-                    log.warning("verifier %s: Info failed: %s", address, error)
+                    self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s",
+                                      address, error)
             else:
                 raise Unavailable("no verifier answered Info")
         return self._info

@@ -178,20 +178,24 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- $type }}
 {{- end }}
 
-{{/* Call with (dict "ctx" $ "port" 50061) */}}
+{{/* Call with (dict "ctx" $ "port" 50061), plus "aliveByTcp" true for the coordinator: its gRPC health is
+     NOT_SERVING while no verifier is, which must take it out of rotation (readiness), not restart it
+     (startup, liveness: a TCP connect says the process is up). */}}
 {{- define "edgespec.probes" -}}
 {{- $type := include "edgespec.probeType" .ctx }}
 {{- $action := "" }}
+{{- $tcp := printf "tcpSocket:\n  port: %d" (int .port) }}
 {{- if eq $type "tcp" }}
-{{- $action = printf "tcpSocket:\n  port: %d" (int .port) }}
+{{- $action = $tcp }}
 {{- else if eq $type "grpc-tls" }}
 {{- $action = printf "grpc:\n  port: %d\n  mode: TLS" (int .port) }}
 {{- else }}
 {{- $action = printf "grpc:\n  port: %d" (int .port) }}
 {{- end }}
+{{- $alive := ternary $tcp $action (default false .aliveByTcp) }}
 {{- $p := .ctx.Values.probes }}
 startupProbe:
-  {{- $action | nindent 2 }}
+  {{- $alive | nindent 2 }}
   periodSeconds: {{ $p.startup.periodSeconds }}
   timeoutSeconds: {{ $p.startup.timeoutSeconds }}
   failureThreshold: {{ $p.startup.failureThreshold }}
@@ -201,7 +205,7 @@ readinessProbe:
   timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
   failureThreshold: {{ $p.readiness.failureThreshold }}
 livenessProbe:
-  {{- $action | nindent 2 }}
+  {{- $alive | nindent 2 }}
   periodSeconds: {{ $p.liveness.periodSeconds }}
   timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
   failureThreshold: {{ $p.liveness.failureThreshold }}
