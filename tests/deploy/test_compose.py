@@ -223,8 +223,11 @@ def test_tls_override(tls_config):
         assert env["EDGESPEC_VERIFIER_TLS_CERT"] == f"/certs/{name}.pem"
         assert env["EDGESPEC_VERIFIER_TLS_CLIENT_CA"] == "/certs/ca.pem"
         assert env["EDGESPEC_VERIFIER_AUTH_TOKENS"] and env["EDGESPEC_HEALTH_TLS_CA"] == "/certs/ca.pem"
+        # the identity of the coordinator's token (compose/make-certs.sh) is infrastructure, not a client
+        assert env["EDGESPEC_VERIFIER_SERVICE_IDENTITIES"] == "coordinator"
     env = services["drafter"]["environment"]
     assert env["EDGESPEC_DRAFTER_TLS_CLIENT_CA"] == "/certs/ca.pem" and env["EDGESPEC_DRAFTER_AUTH_TOKENS"]
+    assert env["EDGESPEC_DRAFTER_SERVICE_IDENTITIES"] == "coordinator"
     env = services["coordinator"]["environment"]
     for flag in ("TLS_CERT", "TLS_KEY", "AUTH_TOKENS", "UPSTREAM_TLS_CA", "UPSTREAM_TLS_CERT", "UPSTREAM_TLS_KEY",
                  "UPSTREAM_TOKEN_FILE", "RATE_LIMIT", "MAX_SESSIONS_PER_CLIENT", "MAX_MESSAGE_BYTES"):
