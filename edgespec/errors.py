@@ -1,6 +1,6 @@
 """Typed domain errors. Each says what went wrong and what the caller should do.
 
-The gRPC status for each lives in one table (edgespec/rpc.py); nothing else maps
+The gRPC status for each lives in one table (edgespec/net/rpc.py); nothing else maps
 errors to codes.
 """
 from __future__ import annotations

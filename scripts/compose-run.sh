@@ -100,7 +100,7 @@ trap cleanup EXIT
 base=python:3.11-slim-bookworm
 if [ "$local_base" = 1 ]; then
   base=edgespec-base:bookworm
-  want=$(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] + ["setuptools>=68"]))' | sha256sum | cut -c1-64)
+  want=$(python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["serve"] + ["setuptools>=68"]))' | sha256sum | cut -c1-64)
   have=$(docker image inspect -f '{{index .Config.Labels "org.edgespec.deps-sha256"}}' "$base" 2>/dev/null || true)
   if [ "$want" != "$have" ]; then log "building $base (pyproject.toml dependencies changed, or no base yet)"; bash docker/build-base.sh; fi
 fi

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/install.sh
 out=${1:-certs}
 shift || true
-exec .venv/bin/python -m edgespec.tools.devcerts "$out" "$@"
+exec .venv/bin/python -m edgespec.ops.devcerts "$out" "$@"

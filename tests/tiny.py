@@ -6,7 +6,7 @@ import functools
 import torch
 
 from edgespec.backends.registry import TINY_EOS, load_lm
-from edgespec.inprocess import InProcessDrafter, InProcessVerifier
+from bench.inprocess import InProcessDrafter, InProcessVerifier
 
 __all__ = ["InProcessDrafter", "InProcessVerifier", "target_only_greedy", "tiny"]
 
@@ -26,7 +26,7 @@ def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> lis
 
 
 def target_only_coupled(spec: str, prompt: list[int], max_new_tokens: int, params) -> list[int]:
-    """The coupled sampler's reference on a tiny target (edgespec.tools.baselines.target_only_coupled)."""
-    from edgespec.tools.baselines import target_only_coupled as reference
+    """The coupled sampler's reference on a tiny target (bench.baselines.target_only_coupled)."""
+    from bench.baselines import target_only_coupled as reference
 
     return reference(tiny(spec).model, prompt, max_new_tokens, [TINY_EOS], params)

@@ -33,7 +33,7 @@ Sampling sessions see a deterministic drafter: ``logits_rows`` is one-hot (0 on
 the proposal, NOT_PROPOSED elsewhere), so DrafterEngine drafts with q_ids = 0
 and the verifier's one-hot-q rule (accept x with probability p(x), else resample
 from p without x) keeps the output exactly the target's distribution
-(ARCHITECTURE.md §3).
+(docs/architecture.md §3).
 
 When the committed target tokens end inside a multi-byte character (byte-level
 BPE splits rare characters), the draft reads the text before that character and
@@ -68,7 +68,7 @@ class TextCodec(Protocol):
 
 
 class HFCodec:
-    """A transformers tokenizer (or edgespec.tokenizer.HFTokenizer) as plain text <-> ids:
+    """A transformers tokenizer (or edgespec.backends.tokenizer.HFTokenizer) as plain text <-> ids:
     no BOS added, special tokens kept as text both ways, no space clean-up."""
 
     def __init__(self, tokenizer: Any):
@@ -274,7 +274,7 @@ def wrap_for_target(lm: Any, draft_spec: str, target_spec: str) -> CrossTokenize
     import json
 
     from edgespec.backends.registry import eos_ids, model_path
-    from edgespec.tokenizer import load_tokenizer
+    from edgespec.backends.tokenizer import load_tokenizer
 
     target = HFCodec(load_tokenizer(target_spec))
     config = model_path(target_spec) / "config.json"

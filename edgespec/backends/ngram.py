@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from edgespec.verification import common_prefix_length
+from edgespec.verify.greedy import common_prefix_length
 
 NOT_PROPOSED = -1e9   # logit of every token but the proposal: finite, so warp() never meets inf - inf
 

@@ -19,11 +19,11 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec.backends.incremental import IncrementalLM
-from edgespec.verification import common_prefix_length
+from edgespec.verify.greedy import common_prefix_length
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"   # written by edgespec.tools.export_onnx
+MANIFEST = "manifest.json"   # written by edgespec.ops.export_onnx
 
 
 @dataclass(slots=True)

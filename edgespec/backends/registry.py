@@ -18,7 +18,7 @@ from transformers import Qwen2Config
 from edgespec.backends.assets import PACKAGED, ensure_model_dir
 from edgespec.backends.torch_lm import TorchCausalLM, quantize_int8
 
-TINY_VOCAB = 320   # bytes 0..255, EOS 256, the rest unused (see edgespec/tokenizer.py)
+TINY_VOCAB = 320   # bytes 0..255, EOS 256, the rest unused (see edgespec/backends/tokenizer.py)
 TINY_EOS = 256
 
 

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig
 
 from edgespec.backends.incremental import IncrementalLM
-from edgespec.verification import common_prefix_length
+from edgespec.verify.greedy import common_prefix_length
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ One device runs generation requests; each request is rounds of
 
     draft k tokens (k * t_draft) -> uplink -> verifier queue -> batch forward -> downlink -> commit n + 1
 
-exactly the blocking round of ARCHITECTURE.md §2. The window policy and the telemetry are the real
-ones (edgespec.window, edgespec.awc, edgespec.telemetry); the simulator only supplies time.
+exactly the blocking round of docs/architecture.md §2. The window policy and the telemetry are the real
+ones (edgespec.control.window, edgespec.control.awc, edgespec.control.telemetry); the simulator only supplies time.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Callable
 
 import simpy
 
-from edgespec.telemetry import RoundSample, Telemetry
+from edgespec.control.telemetry import RoundSample, Telemetry
 
 WINDOW_BYTES = 52      # a Window message with one-hot q: 52 + 3 bytes per drafted token (tools/wire_bytes)
 WINDOW_TOKEN_BYTES = 3

@@ -32,10 +32,10 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.awc import AwcWindow, load_model
+from edgespec.control.awc import AwcWindow, load_model
 from edgespec.sim.model import CostProfile, DeviceSpec, LinkModel, Simulation, position_alphas
-from edgespec.telemetry import Telemetry
-from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow
+from edgespec.control.telemetry import Telemetry
+from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
 
 PROFILES = Path(__file__).with_name("profiles.json")
 DEFAULT_POLICIES = ["fixed:0", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:6", "heuristic", "goodput", "awc"]

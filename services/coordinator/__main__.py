@@ -8,11 +8,12 @@ import argparse
 import logging
 from dataclasses import dataclass
 
-from edgespec import logs, rpc
-from edgespec.security import ServerSecurity
-from edgespec.service_flags import (ObservabilityConfig, ServiceArgumentParser, add_observability_flags,
+from edgespec.observe import logs
+from edgespec.net import rpc
+from edgespec.net.security import ServerSecurity
+from edgespec.net.flags import (ObservabilityConfig, ServiceArgumentParser, add_observability_flags,
                                     add_security_flags, observability_config, security_config)
-from edgespec.transport import ClientSecurity, read_token
+from edgespec.net.transport import ClientSecurity, read_token
 
 log = logging.getLogger("edgespec.coordinator")
 
@@ -83,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                         help="the auto window policy: goodput (expected tokens/s from measured costs), heuristic "
                              "(+2 after a fully accepted window, -1 otherwise) or awc (the learned adaptive window "
                              "control: an MLP over RTT, acceptance, queue and cost telemetry, smoothed and held by "
-                             "hysteresis; weights in edgespec/awc_weights.json) (default %(default)s)")
+                             "hysteresis; weights in edgespec/control/awc_weights.json) (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=16, help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=2048, help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=4096, help="tokens (default %(default)s)")
@@ -152,18 +153,18 @@ def parse_drafters(parser, value: str) -> dict[str, str]:
 async def main(config: CoordinatorConfig) -> None:
     import asyncio
 
-    from edgespec import observability
-    from edgespec.failover import FailoverVerifier
-    from edgespec.metrics import CoordinatorMetrics
-    from edgespec.pool import VerifierPool
-    from edgespec.security import SessionOwners, server_parts
-    from edgespec.tokenizer import load_tokenizer
+    from edgespec.observe import exporters
+    from edgespec.loop.failover import FailoverVerifier
+    from edgespec.observe.metrics import CoordinatorMetrics
+    from edgespec.loop.pool import VerifierPool
+    from edgespec.net.security import SessionOwners, server_parts
+    from edgespec.backends.tokenizer import load_tokenizer
     from edgespec.v1 import coordinator_pb2
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
     from services.coordinator.readiness import follow_verifier_health
     from services.coordinator.servicer import CoordinatorServicer, register
 
-    exports = observability.setup("edgespec-coordinator", config.observability.metrics_port,
+    exports = exporters.setup("edgespec-coordinator", config.observability.metrics_port,
                                   config.observability.otlp_endpoint, config.host)
     metrics = CoordinatorMetrics()
     tokenizer = load_tokenizer(config.tokenizer)
@@ -171,7 +172,7 @@ async def main(config: CoordinatorConfig) -> None:
                 for name, address in config.drafters.items()}
     router = None
     if len(drafters) > 1:
-        from edgespec.router import Router, load_router_weights
+        from edgespec.control.router import Router, load_router_weights
 
         router = Router(Router.arms_from_json(load_router_weights(config.router_weights or None), list(drafters)))
     endpoints = {address: GrpcVerifier(address, config.deadline_seconds, config.upstream)

@@ -1,6 +1,6 @@
 """gRPC clients for the drafter and the verifier, as the round loop's ports.
 
-grpc errors become domain errors here (edgespec.rpc.from_rpc_error) and nowhere
+grpc errors become domain errors here (edgespec.net.rpc.from_rpc_error) and nowhere
 else on the coordinator side. Unary calls carry the current trace context and
 the generation's request id in their metadata; a VerifyStream carries the
 request id in its metadata, and each window its round's trace context in
@@ -14,14 +14,16 @@ from typing import Callable, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgespec import errors, logs, rpc, tracing
-from edgespec.sampling import SamplingParams, SparseDist
-from edgespec.security import end_user_metadata
+from edgespec import errors
+from edgespec.observe import logs, tracing
+from edgespec.net import rpc
+from edgespec.verify.sampling import SamplingParams, SparseDist
+from edgespec.net.security import end_user_metadata
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from edgespec.rounds import Window
-from edgespec.transport import PLAINTEXT, ClientSecurity, open_channel
-from edgespec.verification import Verdict
-from edgespec.wire import dists_from_pb, params_to_pb, window_to_pb
+from edgespec.loop.rounds import Window
+from edgespec.net.transport import PLAINTEXT, ClientSecurity, open_channel
+from edgespec.verify.greedy import Verdict
+from edgespec.net.wire import dists_from_pb, params_to_pb, window_to_pb
 
 
 # Reconnect quickly after a peer restarts: grpc's default backoff (1 s, x1.6, up to
@@ -207,7 +209,7 @@ def outgoing_metadata() -> list[tuple[str, str]]:
 
 def request_metadata() -> list[tuple[str, str]]:
     """The generation's request id, and the end user it is for (its per-client limits apply upstream when
-    the drafter and verifiers list our identity in --service-identities; edgespec.security)."""
+    the drafter and verifiers list our identity in --service-identities; edgespec.net.security)."""
     request_id = logs.request_id.get()
     return ([(logs.REQUEST_ID_KEY, request_id)] if request_id else []) + end_user_metadata()
 

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from grpc_health.v1 import health_pb2
 
-from edgespec.pool import VerifierPool
+from edgespec.loop.pool import VerifierPool
 
 log = logging.getLogger("edgespec.coordinator")
 

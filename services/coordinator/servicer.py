@@ -15,25 +15,27 @@ import uuid
 import grpc
 from opentelemetry.trace import Span
 
-from edgespec import logs, rpc, tracing
+from edgespec.observe import logs, tracing
+from edgespec.net import rpc
 from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
-from edgespec.failover import FailoverVerifier
-from edgespec.limits import check_token_ids
-from edgespec.metrics import CoordinatorMetrics
-from edgespec.sampling import check_params
-from edgespec.security import SessionOwners, current_caller
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.tokenizer import TextStream, Tokenizer
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.engines.limits import check_token_ids
+from edgespec.observe.metrics import CoordinatorMetrics
+from edgespec.verify.sampling import check_params
+from edgespec.net.security import SessionOwners, current_caller
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.backends.tokenizer import TextStream, Tokenizer
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
-from edgespec.wire import params_from_pb, params_to_pb
-from edgespec.relaxed import WeightHead, load_head, resolve_task
-from edgespec.router import Router, SessionRouting, request_features
-from edgespec.routing import RoutedDrafter
-from edgespec.awc import AwcWindow
-from edgespec.telemetry import Telemetry
-from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
+from edgespec.net.wire import params_from_pb, params_to_pb
+from edgespec.control.categories import resolve_task
+from edgespec.verify.relaxed import WeightHead, load_head
+from edgespec.control.router import Router, SessionRouting, request_features
+from edgespec.loop.routed_drafter import RoutedDrafter
+from edgespec.control.awc import AwcWindow
+from edgespec.control.telemetry import Telemetry
+from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
 from services.coordinator.clients import GrpcDrafter
 
 log = logging.getLogger(__name__)
@@ -183,7 +185,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                  1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
         self.metrics.generation(session.finish_reason or "", len(session.generated), seconds - prefill)
         span.set_attributes({"edgespec.prompt_tokens": len(prompt), "edgespec.new_tokens": len(session.generated),
-                             "edgespec.rounds": stats.rounds, "edgespec.window_policy": self._policy_label(window),
+                             "edgespec.loop.rounds": stats.rounds, "edgespec.window_policy": self._policy_label(window),
                              "edgespec.acceptance": stats.acceptance_rate,
                              "edgespec.finish_reason": session.finish_reason or "",
                              "edgespec.verifier": served_by, "edgespec.failovers": failover.failovers})

@@ -11,9 +11,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from edgespec import logs, rpc
-from edgespec.service_flags import ModelServiceConfig, model_service_config, model_service_parser
-from edgespec.drafter_engine import DrafterLimits
+from edgespec.observe import logs
+from edgespec.net import rpc
+from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
+from edgespec.engines.drafter import DrafterLimits
 
 log = logging.getLogger("edgespec.drafter")
 
@@ -107,16 +108,16 @@ def load_model(config: DrafterConfig):
 
 
 async def main(config: DrafterConfig) -> None:
-    from edgespec import observability
-    from edgespec.drafter_engine import DrafterEngine
-    from edgespec.metrics import DrafterMetrics
-    from edgespec.security import SessionOwners, server_parts
+    from edgespec.observe import exporters
+    from edgespec.engines.drafter import DrafterEngine
+    from edgespec.observe.metrics import DrafterMetrics
+    from edgespec.net.security import SessionOwners, server_parts
     from edgespec.v1 import drafter_pb2 as pb
-    from edgespec.worker import ModelWorker
+    from edgespec.engines.worker import ModelWorker
     from services.drafter.servicer import DrafterServicer, register
 
     drafter, config = config, config.service
-    exports = observability.setup("edgespec-drafter", config.observability.metrics_port,
+    exports = exporters.setup("edgespec-drafter", config.observability.metrics_port,
                                   config.observability.otlp_endpoint, config.host)
     # Every torch call, loading included, runs on the worker thread: a second thread
     # touching torch starts a second OpenMP team, and on a 2-core machine the two

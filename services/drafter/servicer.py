@@ -11,15 +11,16 @@ import logging
 
 import grpc
 
-from edgespec import logs, rpc, tracing
-from edgespec.drafter_engine import DrafterEngine
+from edgespec.observe import logs, tracing
+from edgespec.net import rpc
+from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import EdgespecError
-from edgespec.metrics import DrafterMetrics
-from edgespec.security import SessionOwners, current_caller, current_identity
+from edgespec.observe.metrics import DrafterMetrics
+from edgespec.net.security import SessionOwners, current_caller, current_identity
 from edgespec.v1 import drafter_pb2 as pb
-from edgespec.wire import dists_to_pb, params_from_pb
+from edgespec.net.wire import dists_to_pb, params_from_pb
 from edgespec.v1 import drafter_pb2_grpc
-from edgespec.worker import ModelWorker
+from edgespec.engines.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 

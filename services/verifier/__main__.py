@@ -9,10 +9,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from edgespec import logs, observability, rpc
-from edgespec.batching import BatchPolicy
-from edgespec.service_flags import ModelServiceConfig, model_service_config, model_service_parser
-from edgespec.verifier_engine import VerifierLimits
+from edgespec.observe import logs, exporters
+from edgespec.net import rpc
+from edgespec.engines.batching import BatchPolicy
+from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
+from edgespec.engines.verifier import VerifierLimits
 
 log = logging.getLogger("edgespec.verifier")
 
@@ -87,15 +88,15 @@ async def main(config: VerifierConfig) -> None:
     import torch
 
     from edgespec.backends.registry import eos_ids, load_lm
-    from edgespec.batching import VerifyScheduler
-    from edgespec.metrics import VerifierMetrics
-    from edgespec.security import SessionOwners, server_parts
-    from edgespec.verifier_engine import VerifierEngine
-    from edgespec.worker import ModelWorker
+    from edgespec.engines.batching import VerifyScheduler
+    from edgespec.observe.metrics import VerifierMetrics
+    from edgespec.net.security import SessionOwners, server_parts
+    from edgespec.engines.verifier import VerifierEngine
+    from edgespec.engines.worker import ModelWorker
     from services.verifier.servicer import VerifierServicer, register
 
     service = config.service
-    exports = observability.setup("edgespec-verifier", service.observability.metrics_port,
+    exports = exporters.setup("edgespec-verifier", service.observability.metrics_port,
                                   service.observability.otlp_endpoint, service.host)
     metrics = VerifierMetrics()
     # Every torch call, loading included, runs on the worker thread: a second thread

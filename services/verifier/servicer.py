@@ -1,6 +1,6 @@
 """gRPC servicer for the verifier: protobuf in, one engine call, protobuf out.
 
-Windows go through the batching scheduler (edgespec.batching); opens, closes
+Windows go through the batching scheduler (edgespec.engines.batching); opens, closes
 and the idle sweep go straight to the model worker.
 """
 from __future__ import annotations
@@ -10,16 +10,17 @@ import logging
 
 import grpc
 
-from edgespec import logs, rpc, tracing
-from edgespec.batching import BatchDone, VerifyScheduler
+from edgespec.observe import logs, tracing
+from edgespec.net import rpc
+from edgespec.engines.batching import BatchDone, VerifyScheduler
 from edgespec.errors import EdgespecError
-from edgespec.metrics import VerifierMetrics
-from edgespec.security import SessionOwners, current_caller, current_identity
+from edgespec.observe.metrics import VerifierMetrics
+from edgespec.net.security import SessionOwners, current_caller, current_identity
 from edgespec.v1 import verifier_pb2 as pb
-from edgespec.wire import dists_from_pb, params_from_pb
+from edgespec.net.wire import dists_from_pb, params_from_pb
 from edgespec.v1 import verifier_pb2_grpc
-from edgespec.verifier_engine import Usage, VerifierEngine, WindowRequest
-from edgespec.worker import ModelWorker
+from edgespec.engines.verifier import Usage, VerifierEngine, WindowRequest
+from edgespec.engines.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 

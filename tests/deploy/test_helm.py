@@ -478,7 +478,7 @@ def test_models_are_prepared_into_the_cache_volume_before_the_services_start(def
         [init] = pod["initContainers"]
         assert init["name"] == "prepare-models"
         assert init["command"][:2] == ["sh", "-euc"] and init["command"][-1] == model
-        assert "python -m edgespec.tools.prepare" in init["command"][2]
+        assert "python -m edgespec.ops.prepare" in init["command"][2]
         cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
         assert "emptyDir" in cache
         for c in [init, *pod["containers"]]:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from edgespec.tools import bench_load
+from bench import bench_load
 
 TINY = ["--model", "tiny:3", "--verifier-args", "--threads 1", "--tokens", "12"]
 
@@ -91,5 +91,5 @@ def test_batch_size_distribution_between_two_scrapes():
 
 
 def test_the_metrics_url_is_read_from_the_verifier_log():
-    line = "2026-11-30 04:14:25,391 INFO edgespec.observability: verifier metrics on http://127.0.0.1:9464/metrics"
+    line = "2026-11-30 04:14:25,391 INFO edgespec.observe.exporters: verifier metrics on http://127.0.0.1:9464/metrics"
     assert bench_load.METRICS_URL.search(line).group(1) == "http://127.0.0.1:9464/metrics"

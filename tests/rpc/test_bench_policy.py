@@ -1,7 +1,7 @@
 """The policy benchmark and its sim-vs-real fidelity check run end to end (tiny models, real services)."""
 import json
 
-from edgespec.tools import bench_policy
+from bench import bench_policy
 
 
 def test_bench_policy_runs_every_policy_and_measures_the_simulator_error(tmp_path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edgespec.tools.chaos import chaos_cluster, client_view, exactly_once, opened_count, run_with_fault, serving_verifier
+from bench.chaos import chaos_cluster, client_view, exactly_once, opened_count, run_with_fault, serving_verifier
 from tests.tiny import target_only_greedy
 
 TARGET, DRAFT = "tiny:12", "tiny:12~1"

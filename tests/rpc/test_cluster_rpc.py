@@ -10,9 +10,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from edge_client.client import generate
 from edgespec.backends.registry import TINY_EOS
-from edgespec.tools.cluster import REPO_ROOT, LocalCluster
+from bench.cluster import REPO_ROOT, LocalCluster
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from edgespec.verifier_engine import VerifierEngine
+from edgespec.engines.verifier import VerifierEngine
 from tests.tiny import target_only_greedy, tiny
 
 PAIRS = [("tiny:7", "tiny:7~1"), ("tiny:8", "tiny:9")]   # partial agreement, and almost none
@@ -262,7 +262,7 @@ def test_sampling_over_grpc_is_reproducible_by_seed(cluster):
 
 
 def test_coupled_sampling_over_grpc_is_target_only_sampling_whatever_the_windows(cluster):
-    from edgespec.sampling import SamplingParams
+    from edgespec.verify.sampling import SamplingParams
     from tests.tiny import target_only_coupled
 
     prompt = "def add(a, b):"
@@ -290,7 +290,7 @@ def target_logprob(spec: str, prompt: list[int], tokens: list[int]) -> float:
     """The target's own mean T=1 log-probability of ``tokens`` after ``prompt`` (one forward)."""
     import numpy as np
 
-    from edgespec.relaxed import log_softmax
+    from edgespec.verify.relaxed import log_softmax
 
     lm = tiny(spec)
     rows = lm.logits_rows(lm.new_state(), prompt + tokens[:-1], len(tokens))

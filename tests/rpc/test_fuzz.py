@@ -2,8 +2,8 @@
 import grpc
 import pytest
 
-from edgespec.tools import fuzz
-from edgespec.tools.fuzz import TARGETS, Fuzzer, acceptable, fuzz_cluster, method_name
+from bench import fuzz
+from bench.fuzz import TARGETS, Fuzzer, acceptable, fuzz_cluster, method_name
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import time
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgespec.tools.cluster import REPO_ROOT, LocalCluster, stop_service
-from edgespec.transport import ClientSecurity, open_channel
+from bench.cluster import REPO_ROOT, LocalCluster, stop_service
+from edgespec.net.transport import ClientSecurity, open_channel
 from edgespec.v1 import coordinator_pb2
 
 COORDINATOR = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name

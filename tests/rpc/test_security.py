@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge_client.client import generate
-from edgespec.tools.cluster import LocalCluster, start_service, stop_service
-from edgespec.tools.devcerts import make_dev_certs
-from edgespec.transport import ClientSecurity, open_channel
+from bench.cluster import LocalCluster, start_service, stop_service
+from edgespec.ops.devcerts import make_dev_certs
+from edgespec.net.transport import ClientSecurity, open_channel
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.tiny import target_only_greedy
 

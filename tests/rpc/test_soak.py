@@ -1,7 +1,7 @@
 """`edgespec soak` for seconds on tiny models: sessions open and close; deliberate overload is told apart from failure."""
 import json
 
-from edgespec.tools import soak
+from bench import soak
 
 TINY = ["--verifier-args", "--model tiny:3 --threads 1", "--drafter-args", "--model tiny:3~1 --threads 1",
         "--sample-seconds", "2"]

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.tools.cluster import start_service, stop_service
+from bench.cluster import start_service, stop_service
 from edgespec.v1 import verifier_pb2 as pb
 from edgespec.v1 import verifier_pb2_grpc
-from edgespec.verifier_engine import VerifierEngine
+from edgespec.engines.verifier import VerifierEngine
 from tests.tiny import tiny
 
 TARGET = "tiny:3"

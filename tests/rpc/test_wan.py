@@ -15,8 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from edgespec.tools.cluster import REPO_ROOT
-from edgespec.tools.wan import (DelayProxy, EchoServer, LinkProfile, grpc_health_rtt_ms, measure_rtt,
+from bench.cluster import REPO_ROOT
+from bench.wan import (DelayProxy, EchoServer, LinkProfile, grpc_health_rtt_ms, measure_rtt,
                                 recv_exactly, split_address)
 
 MB = 1_000_000
@@ -183,7 +183,7 @@ def test_impossible_profiles_are_refused(fields):
 
 
 def test_cli_proxies_until_sigterm(echo):
-    process = subprocess.Popen([sys.executable, "-m", "edgespec.tools.wan", "--upstream", echo.address,
+    process = subprocess.Popen([sys.executable, "-m", "bench.wan", "--upstream", echo.address,
                                 "--rtt-ms", "20", "--loss", "0.005"],
                                stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from edge_client.client import generate
-from edgespec.tools.chaos import exactly_once, run_with_fault
-from edgespec.tools.cluster import REPO_ROOT, LocalCluster
-from edgespec.tools.prompts import PROMPTS
+from bench.chaos import exactly_once, run_with_fault
+from bench.cluster import REPO_ROOT, LocalCluster
+from bench.prompts import PROMPTS
 
 pytestmark = pytest.mark.real_models
 MAX_NEW = 32
@@ -25,9 +25,9 @@ SAMPLING = dict(temperature=TEMPERATURE, seed=SEED, coupled=True)
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    subprocess.run([sys.executable, "-m", "edgespec.tools.prepare"], cwd=REPO_ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "edgespec.ops.prepare"], cwd=REPO_ROOT, check=True)
     out = tmp_path_factory.mktemp("ref") / "baseline.json"
-    subprocess.run([sys.executable, "-m", "edgespec.tools.baselines", "--out", str(out), "--limit", "1",
+    subprocess.run([sys.executable, "-m", "bench.baselines", "--out", str(out), "--limit", "1",
                     "--hf-windows", "", "--max-new-tokens", str(MAX_NEW), "--temperature", str(TEMPERATURE),
                     "--coupled-seed", str(SEED)], cwd=REPO_ROOT, check=True)
     [row] = [r for r in json.loads(out.read_text())["rows"] if r["system"] == "target-only-coupled"]

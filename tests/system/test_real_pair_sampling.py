@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from edge_client.client import generate
-from edgespec.tools.cluster import LocalCluster
+from bench.cluster import LocalCluster
 
 pytestmark = pytest.mark.real_models
 PROMPT = "Name one fruit. Answer with a single word."

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.awc import WEIGHTS, AwcWindow, Mlp, load_model
-from edgespec.telemetry import FEATURE_NAMES, RoundSample, Telemetry
+from edgespec.control.awc import WEIGHTS, AwcWindow, Mlp, load_model
+from edgespec.control.telemetry import FEATURE_NAMES, RoundSample, Telemetry
 
 
 class Script:
@@ -139,8 +139,8 @@ def test_shipped_model_picks_a_short_window_on_this_cpu_for_code():
 def test_awc_tries_each_unmeasured_window_once_when_the_verifier_reports_costs():
     """Measured on the real services: a 3-token pass cost more than a 4-token one, and AWC without
     exploration never left k = 1. It now tries every window whose cost it has not seen, once."""
-    from edgespec.awc import AwcWindow
-    from edgespec.telemetry import RoundSample, Telemetry
+    from edgespec.control.awc import AwcWindow
+    from edgespec.control.telemetry import RoundSample, Telemetry
 
     telemetry = Telemetry(max_k=4)
     policy = AwcWindow(telemetry, max_k=4, feeds_telemetry=False)
@@ -161,7 +161,7 @@ def test_awc_tries_each_unmeasured_window_once_when_the_verifier_reports_costs()
 
 
 def test_costs_carry_over_between_sessions_but_acceptance_does_not():
-    from edgespec.telemetry import RoundSample, Telemetry
+    from edgespec.control.telemetry import RoundSample, Telemetry
 
     first = Telemetry(max_k=4)
     for _ in range(5):

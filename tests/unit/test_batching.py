@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.batching import BatchPolicy, VerifyScheduler
-from edgespec.drafter_engine import DrafterEngine
+from edgespec.engines.batching import BatchPolicy, VerifyScheduler
+from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
-from edgespec.failover import FailoverVerifier
-from edgespec.pool import VerifierPool
-from edgespec.rounds import Window
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verification import Verdict
-from edgespec.verifier_engine import VerifierEngine, VerifierLimits, WindowRequest
-from edgespec.window import FixedWindow, GoodputWindow
-from edgespec.worker import ModelWorker
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.pool import VerifierPool
+from edgespec.loop.rounds import Window
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.verify.greedy import Verdict
+from edgespec.engines.verifier import VerifierEngine, VerifierLimits, WindowRequest
+from edgespec.control.window import FixedWindow, GoodputWindow
+from edgespec.engines.worker import ModelWorker
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 TARGET, DRAFT = "tiny:3", "tiny:3~1"

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.drafter_engine import DrafterEngine
+from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import InvalidArgument
-from edgespec.failover import FailoverVerifier
-from edgespec.pool import VerifierPool
-from edgespec.relaxed import Relaxation
-from edgespec.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, gumbel_noise, verify_coupled,
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.pool import VerifierPool
+from edgespec.verify.relaxed import Relaxation
+from edgespec.verify.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, gumbel_noise, verify_coupled,
                                warp)
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow, GoodputWindow
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow, GoodputWindow
 from tests.stats import chi2_critical, chi_square_gof
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_coupled, tiny
 from tests.unit.test_failover import Faulty

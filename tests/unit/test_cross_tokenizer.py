@@ -21,12 +21,12 @@ from edgespec.backends.incremental import IncrementalLM
 from edgespec.backends.cross_tokenizer import FREEZE_CHARS, NOT_PROPOSED, CrossTokenizerDrafter, HFCodec
 from edgespec.backends.registry import TINY_EOS, TINY_VOCAB, tiny_config
 from edgespec.backends.torch_lm import TorchCausalLM
-from edgespec.drafter_engine import DrafterEngine
-from edgespec.sampling import SamplingParams
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow, GoodputWindow
+from edgespec.engines.drafter import DrafterEngine
+from edgespec.verify.sampling import SamplingParams
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow, GoodputWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 CORPUS = ["def hello():\n    return 'world'\n", "The capital of France is Paris.",
@@ -360,7 +360,7 @@ def test_service_flag_wraps_the_draft():
 def test_smollm2_drafts_for_qwen_and_output_is_the_targets():
     """SmolLM2-135M (vocab 49152) drafting for Qwen2.5-Coder-0.5B as a stand-in target."""
     from edgespec.backends.registry import eos_ids, load_lm
-    from edgespec.tokenizer import load_tokenizer
+    from edgespec.backends.tokenizer import load_tokenizer
     from services.drafter.__main__ import load_model, parse_args
 
     target = load_lm("draft")

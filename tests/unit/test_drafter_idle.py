@@ -9,13 +9,13 @@ import asyncio
 
 import pytest
 
-from edgespec.drafter_engine import DrafterEngine, DrafterLimits
+from edgespec.engines.drafter import DrafterEngine, DrafterLimits
 from edgespec.errors import NotFound
-from edgespec.metrics import DrafterMetrics
-from edgespec.sampling import SamplingParams
-from edgespec.security import SessionOwners
+from edgespec.observe.metrics import DrafterMetrics
+from edgespec.verify.sampling import SamplingParams
+from edgespec.net.security import SessionOwners
 from edgespec.v1 import drafter_pb2
-from edgespec.worker import ModelWorker
+from edgespec.engines.worker import ModelWorker
 from services.drafter.servicer import DrafterServicer
 from tests.tiny import tiny
 

@@ -6,12 +6,12 @@ import torch
 
 from edgespec.backends.registry import TINY_EOS
 from edgespec.backends.torch_lm import TorchCausalLM
-from edgespec.drafter_engine import DrafterEngine, DrafterLimits
+from edgespec.engines.drafter import DrafterEngine, DrafterLimits
 from edgespec.errors import Aborted, InvalidArgument, NotFound
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine, VerifierLimits
-from edgespec.window import FixedWindow, GoodputWindow
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine, VerifierLimits
+from edgespec.control.window import FixedWindow, GoodputWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 PROMPTS = [b"def hello():", b"The capital of France is", b"Hi!", b"x", b"for i in range(10):\n    print(i)"]

@@ -10,15 +10,15 @@ import time
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.drafter_engine import DrafterEngine
+from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import Aborted, InvalidArgument, Unavailable
-from edgespec.failover import FailoverVerifier
-from edgespec.pool import VerifierPool
-from edgespec.sampling import SamplingParams
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.pool import VerifierPool
+from edgespec.verify.sampling import SamplingParams
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 PROMPT = list(b"def fib(n):")

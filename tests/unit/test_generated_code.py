@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgespec.tools.cluster import REPO_ROOT
+from bench.cluster import REPO_ROOT
 
 
 def test_generated_code_matches_the_protos(tmp_path):
@@ -18,7 +18,7 @@ def test_generated_code_matches_the_protos(tmp_path):
 
 
 def test_import_contracts_hold():
-    """ARCHITECTURE.md §8: pure core, independent services, a light edge client."""
+    """docs/architecture.md §8: pure core, independent services, a light edge client."""
     lint_imports = Path(sys.executable).parent / "lint-imports"
     result = subprocess.run([str(lint_imports), "--no-cache"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

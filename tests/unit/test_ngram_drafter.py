@@ -7,12 +7,12 @@ import pytest
 
 from edgespec.backends.ngram import NOT_PROPOSED, NgramDrafter
 from edgespec.backends.registry import TINY_EOS, TINY_VOCAB
-from edgespec.drafter_engine import DrafterEngine
-from edgespec.sampling import SamplingParams
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow
+from edgespec.engines.drafter import DrafterEngine
+from edgespec.verify.sampling import SamplingParams
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow
 from services.drafter.__main__ import load_model, parse_args as drafter_args
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 

@@ -22,24 +22,25 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
-from edgespec import logs, rpc, tracing
+from edgespec.observe import logs, tracing
+from edgespec.net import rpc
 from edgespec.backends.registry import TINY_EOS
-from edgespec.drafter_engine import DrafterEngine
-from edgespec.failover import FailoverVerifier
-from edgespec.metrics import CoordinatorMetrics, DrafterMetrics, VerifierMetrics
-from edgespec.pool import VerifierPool
-from edgespec.rounds import Window
-from edgespec.sampling import SamplingParams
-from edgespec.security import SessionOwners
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.telemetry import RoundSample
-from edgespec.tokenizer import load_tokenizer
-from edgespec.tools.cluster import REPO_ROOT
+from edgespec.engines.drafter import DrafterEngine
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.observe.metrics import CoordinatorMetrics, DrafterMetrics, VerifierMetrics
+from edgespec.loop.pool import VerifierPool
+from edgespec.loop.rounds import Window
+from edgespec.verify.sampling import SamplingParams
+from edgespec.net.security import SessionOwners
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.control.telemetry import RoundSample
+from edgespec.backends.tokenizer import load_tokenizer
+from bench.cluster import REPO_ROOT
 from edgespec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2, verifier_pb2, verifier_pb2_grpc
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow
-from edgespec.worker import ModelWorker
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow
+from edgespec.engines.worker import ModelWorker
 from services.coordinator.clients import GrpcDrafter, GrpcVerifier
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.servicer import register as register_coordinator

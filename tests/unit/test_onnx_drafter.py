@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from edgespec.backends.onnx_lm import OnnxCausalLM
-from edgespec.drafter_engine import DrafterEngine
-from edgespec.sampling import SamplingParams
-from edgespec.tools.export_onnx import export
+from edgespec.engines.drafter import DrafterEngine
+from edgespec.verify.sampling import SamplingParams
+from edgespec.ops.export_onnx import export
 from services.drafter.__main__ import load_model, parse_args as drafter_args
 from tests.tiny import tiny
 
@@ -127,7 +127,7 @@ def test_drafter_service_serves_onnx_without_torch_and_output_stays_exact(export
     import asyncio
 
     from edge_client.client import generate
-    from edgespec.tools.cluster import LocalCluster
+    from bench.cluster import LocalCluster
     from tests.tiny import target_only_greedy
 
     shim = tmp_path / "shim"

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from edgespec.errors import InvalidArgument
-from edgespec.relaxed import (FEATURES, WeightHead, blend, committed_logprob, features, load_head, resolve_task,
+from edgespec.verify.relaxed import (FEATURES, WeightHead, blend, committed_logprob, features, load_head,
                               softmax, verify_relaxed)
-from edgespec.sampling import DRAFT, Relaxation, SamplingParams, SparseDist, check_params, uniform, verify_sampling
-from edgespec.verification import verify_greedy
+from edgespec.control.categories import resolve_task
+from edgespec.verify.sampling import DRAFT, Relaxation, SamplingParams, SparseDist, check_params, uniform, verify_sampling
+from edgespec.verify.greedy import verify_greedy
 from tests.stats import chi2_critical, chi_square_gof
 
 N = 100_000
@@ -199,7 +200,7 @@ def test_committed_logprob_sums_the_rows():
 
 def test_verifier_engine_reports_the_targets_logprob_and_relaxes_on_request():
     from edgespec.backends.registry import TINY_EOS
-    from edgespec.verifier_engine import VerifierEngine
+    from edgespec.engines.verifier import VerifierEngine
     from tests.tiny import tiny
 
     target = tiny("tiny:3")

@@ -1,7 +1,7 @@
 """The drafter router decides from features and learns from acceptance."""
 import pytest
 
-from edgespec.router import FEATURES, Arm, Router, SessionRouting, request_features
+from edgespec.control.router import FEATURES, Arm, Router, SessionRouting, request_features
 
 CODE_EDIT = "Add a docstring to this function:\n\ndef total(xs):\n    t = 0\n    for x in xs:\n        t += x\n    return t"
 

@@ -4,13 +4,13 @@ import asyncio
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.drafter_engine import DrafterEngine
-from edgespec.router import Arm, Router, SessionRouting, request_features
-from edgespec.routing import RoutedDrafter
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow
+from edgespec.engines.drafter import DrafterEngine
+from edgespec.control.router import Arm, Router, SessionRouting, request_features
+from edgespec.loop.routed_drafter import RoutedDrafter
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 TARGET = "tiny:7"

@@ -7,9 +7,9 @@ residual) must fail the same test, which shows the test can fail.
 import numpy as np
 import pytest
 
-from edgespec.sampling import (ACCEPT, DRAFT, RESIDUAL, SamplingParams, SparseDist, sample, truncate_to_sparse,
+from edgespec.verify.sampling import (ACCEPT, DRAFT, RESIDUAL, SamplingParams, SparseDist, sample, truncate_to_sparse,
                                check_params, uniform, verify_sampling, warp)
-from edgespec.verification import Verdict
+from edgespec.verify.greedy import Verdict
 
 N = 100_000
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
@@ -167,7 +167,7 @@ def test_fingerprint_takes_every_uint64_seed():
 def test_negative_top_p_from_the_wire_is_rejected_not_treated_as_unset():
     from edgespec.errors import InvalidArgument
     from edgespec.v1 import common_pb2
-    from edgespec.wire import params_from_pb
+    from edgespec.net.wire import params_from_pb
 
     assert params_from_pb(common_pb2.SamplingParams(temperature=1.0)).top_p == 1.0   # 0 = unset = all
     with pytest.raises(InvalidArgument, match="top_p"):

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.drafter_engine import DrafterEngine
+from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import InvalidArgument
-from edgespec.sampling import SamplingParams, SparseDist, warp
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow
+from edgespec.verify.sampling import SamplingParams, SparseDist, warp
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow
 from tests.stats import chi2_critical, chi_square_gof
 from tests.tiny import InProcessDrafter, InProcessVerifier, tiny
 

@@ -2,8 +2,8 @@
 import pytest
 
 from edgespec import errors
-from edgespec.security import RateLimiter, ServerSecurity, SessionOwners, load_tokens, token_digest
-from edgespec.transport import ClientSecurity, read_token
+from edgespec.net.security import RateLimiter, ServerSecurity, SessionOwners, load_tokens, token_digest
+from edgespec.net.transport import ClientSecurity, read_token
 
 
 def test_tokens_file_maps_digests_to_identities(tmp_path):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from edgespec.tools.cluster import REPO_ROOT
+from bench.cluster import REPO_ROOT
 from services.coordinator.__main__ import parse_args as coordinator_args
 from services.drafter.__main__ import parse_args as drafter_args
 from services.verifier.__main__ import parse_args as verifier_args
@@ -135,7 +135,7 @@ def test_environment_values_of_every_type_and_the_command_line_over_them(monkeyp
 def test_log_level_defaults_to_info_and_sets_the_root_logger():
     import logging
 
-    from edgespec import logs
+    from edgespec.observe import logs
 
     assert verifier_args([]).service.observability.log_level == "info"
     assert drafter_args([]).service.observability.log_level == "info"

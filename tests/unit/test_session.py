@@ -1,7 +1,7 @@
 import pytest
 
-from edgespec.session import SessionLog
-from edgespec.verification import Verdict
+from edgespec.loop.session import SessionLog
+from edgespec.verify.greedy import Verdict
 
 
 def make(max_new=10):

@@ -11,16 +11,16 @@ import pytest
 
 from edgespec import errors
 from edgespec.backends.registry import TINY_EOS
-from edgespec.drafter_engine import DrafterEngine
+from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import ResourceExhausted
-from edgespec.failover import FailoverVerifier, open_retry_delay
-from edgespec.pool import VerifierPool
-from edgespec.security import (ANONYMOUS, END_USER_KEY, Caller, Guard, ServerSecurity, SessionOwners,
+from edgespec.loop.failover import FailoverVerifier, open_retry_delay
+from edgespec.loop.pool import VerifierPool
+from edgespec.net.security import (ANONYMOUS, END_USER_KEY, Caller, Guard, ServerSecurity, SessionOwners,
                                end_user_metadata, parse_identities)
-from edgespec.session import SessionLog
-from edgespec.speculation import speculate
-from edgespec.verifier_engine import VerifierEngine
-from edgespec.window import FixedWindow
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.window import FixedWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
 TARGET, DRAFT = "tiny:3", "tiny:3~1"
@@ -95,7 +95,7 @@ def test_service_identity_flags_and_what_a_coordinator_forwards():
         ServerSecurity(max_sessions_per_service=0)
     assert parse_identities(" coordinator, cert:gw ,,coordinator") == ("coordinator", "cert:gw")
     assert parse_identities("") == ()
-    from edgespec import security
+    from edgespec.net import security
     assert end_user_metadata() == []                                   # outside a served call
     for caller, sent in ((Caller("edge"), [(END_USER_KEY, "edge")]),     # an end user: its name goes upstream
                          (Caller("gw", True, "alice"), [(END_USER_KEY, "alice")]),   # a gateway's end user

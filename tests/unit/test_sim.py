@@ -8,7 +8,7 @@ import pytest
 from edgespec.sim import best_window, expected_tokens, load_profile, run_policy, run_scenario
 from edgespec.sim.model import LinkModel, MIN_RTO, VerifierPool
 from edgespec.sim.scenario import build
-from edgespec.tools import sim as sim_cli
+from edgespec.sim import run as sim_cli
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "edgespec" / "sim" / "scenarios"
 CPU = load_profile("cpu-1.5b-int8")

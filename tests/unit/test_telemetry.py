@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from edgespec.telemetry import FEATURE_NAMES, LinkStats, RoundSample, Telemetry
+from edgespec.control.telemetry import FEATURE_NAMES, LinkStats, RoundSample, Telemetry
 
 
 def sample(k=2, n=1, draft=0.07, wall=0.5, compute=0.4, queue=0, link="v1", **kw):
@@ -137,7 +137,7 @@ def test_features_before_any_round_use_the_priors():
 
 
 def test_telemetry_and_awc_import_no_torch_grpc_or_asyncio():
-    code = ("import sys, edgespec.telemetry, edgespec.awc; "
+    code = ("import sys, edgespec.control.telemetry, edgespec.control.awc; "
             "bad = [m for m in ('torch', 'grpc', 'google.protobuf', 'asyncio') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-from edgespec.tokenizer import ByteTokenizer, TextStream
+from edgespec.backends.tokenizer import ByteTokenizer, TextStream
 
 
 def test_text_stream_holds_back_a_split_multibyte_character():

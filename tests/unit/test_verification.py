@@ -1,7 +1,7 @@
 """Greedy verification table tests: the pure rule, no models."""
 import pytest
 
-from edgespec.verification import Verdict, common_prefix_length, verify_greedy
+from edgespec.verify.greedy import Verdict, common_prefix_length, verify_greedy
 
 EOS = 99
 

@@ -1,5 +1,5 @@
 """Window policies on recorded traces."""
-from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow
+from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
 
 # Costs measured here on 2 cores (seconds): int8 draft per token, target verify by window size.
 DRAFT = 0.037

@@ -7,9 +7,9 @@ each of which can change mid-trace. Every policy sees the same RoundSample throu
 import random
 from dataclasses import dataclass, field
 
-from edgespec.awc import AwcWindow
-from edgespec.telemetry import RoundSample, Telemetry
-from edgespec.window import FixedWindow, GoodputWindow, HeuristicWindow
+from edgespec.control.awc import AwcWindow
+from edgespec.control.telemetry import RoundSample, Telemetry
+from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
 
 MAX_K = 8
 # this machine: one target pass over 1/2/4/8 tokens = 1.0/1.0/1.7/2.3 x 390 ms; a window of k scores k + 1

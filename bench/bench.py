@@ -1,0 +1,185 @@
+"""`edgespec bench`: edgespec over gRPC vs target-only and HF assisted generation, one run.
+
+    edgespec bench --json bench-results/bench.json --md bench-results/bench.md
+
+1. Baselines in a child process (the target is never loaded twice at once):
+   target-only greedy with transformers generate() and its KV cache, and HF
+   assisted generation (assistant_model=draft) at each window of --hf-windows.
+2. The three services on loopback with the default pair, for each drafter
+   quantization and each window of --windows, over the same prompts.
+Every edgespec row records whether its tokens equal target-only's exactly.
+Speed is reported as ratios of aggregate tokens/s within this run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from edge_client.client import generate
+from bench.cluster import REPO_ROOT, LocalCluster
+from bench.prompts import PROMPTS
+
+log = logging.getLogger("edgespec.bench")
+
+
+async def run_edgespec(address: str, prompt: str, max_new_tokens: int, window: int, temperature: float = 0.0,
+                       seed: int | None = None) -> tuple[list[int], float, object]:
+    started = time.perf_counter()
+    tokens, stats = [], None
+    async for event in generate(address, prompt, max_new_tokens, window, chat=True, timeout_seconds=900,
+                                temperature=temperature, seed=seed):
+        if event.HasField("chunk"):
+            tokens.extend(event.chunk.token_ids)
+        else:
+            stats = event.stats
+    return tokens, time.perf_counter() - started, stats
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Aggregate tokens/s per (system, window, quantize) overall and per category."""
+    groups: dict[str, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0, 0, 0, 0]))
+    for row in rows:
+        key = row["config"]
+        for scope in ("all", row["category"]):
+            acc = groups[key][scope]
+            acc[0] += row["new_tokens"]
+            acc[1] += row["seconds"]
+            acc[2] += row.get("accepted_tokens") or 0
+            acc[3] += row.get("drafted_tokens") or 0
+            acc[4] += row.get("rounds") or 0
+            acc[5] += 1 if row["identical_to_target"] is False else 0
+    out = {}
+    for key, scopes in groups.items():
+        out[key] = {scope: dict(tokens=a[0], seconds=round(a[1], 3), tokens_per_second=round(a[0] / a[1], 3),
+                                acceptance_rate=round(a[2] / a[3], 3) if a[3] else None,
+                                mean_accepted_length=round((a[2] + a[4]) / a[4], 3) if a[4] else None,
+                                mismatches=a[5]) for scope, a in scopes.items()}
+    return out
+
+
+def markdown(summary: dict, ratios: dict, categories: list[str]) -> str:
+    header = "| system | " + " | ".join(f"{c} tok/s" for c in categories) + " | all tok/s | acceptance | tokens/round | identical |"
+    lines = [header, "|" + "---|" * (len(categories) + 5)]
+    for key, scopes in sorted(summary.items()):
+        cells = [f"{scopes[c]['tokens_per_second']:.2f}" if c in scopes else "-" for c in categories]
+        a = scopes["all"]
+        acc = f"{a['acceptance_rate']:.1%}" if a["acceptance_rate"] is not None else "-"
+        mal = f"{a['mean_accepted_length']:.2f}" if a["mean_accepted_length"] is not None else "-"
+        same = "n/a (sampled)" if "sampling" in key else "yes" if a["mismatches"] == 0 else f"{a['mismatches']} differ"
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {a['tokens_per_second']:.2f} | {acc} | {mal} | {same} |")
+    lines.append("")
+    for name, value in ratios.items():
+        lines.append(f"- **{name}**: {value}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="edgespec bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench-results" / "bench.json", help="JSON output path")
+    parser.add_argument("--md", type=Path, default=None, help="markdown table path (default: next to --json)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default %(default)s)")
+    parser.add_argument("--windows", default="auto,1,2,3", help="edgespec windows; auto = goodput policy (default %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="sampling rows: target-only vs edgespec (auto window, first quantization) at this "
+                             "temperature; 0 = none (default %(default)s)")
+    parser.add_argument("--hf-windows", default="1,2,3", help="HF assisted windows (default %(default)s)")
+    parser.add_argument("--quantize", default="none,int8", help="drafter quantizations to run (default %(default)s)")
+    parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all %d)" % len(PROMPTS))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    prompts = PROMPTS[: args.limit] if args.limit else PROMPTS
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+
+    subprocess.run([sys.executable, "-m", "edgespec.ops.prepare"], cwd=REPO_ROOT, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline_path = Path(tmp) / "baselines.json"
+        log.info("phase 1/2: target-only and HF assisted baselines (child process)")
+        subprocess.run([sys.executable, "-m", "bench.baselines", "--out", str(baseline_path),
+                        "--max-new-tokens", str(args.max_new_tokens), "--hf-windows", args.hf_windows,
+                        "--limit", str(args.limit), "--temperature", str(args.temperature)], cwd=REPO_ROOT, check=True)
+        baseline = json.loads(baseline_path.read_text())
+    reference = {r["prompt"]: r["tokens"] for r in baseline["rows"] if r["system"] == "target-only"}
+    rows = []
+    names = {"target-only": "target-only (HF generate)", "target-only-sampling": f"target-only sampling T={args.temperature}"}
+    for r in baseline["rows"]:
+        config = names.get(r["system"], f"hf-assisted k={r['window']}")
+        sampled = r["system"] == "target-only-sampling"
+        rows.append(dict(r, config=config, tokens_per_second=r["new_tokens"] / r["seconds"], acceptance_rate=None,
+                         mean_accepted_length=None,
+                         identical_to_target=None if sampled else r["tokens"] == reference[r["prompt"]]))
+
+    log.info("phase 2/2: edgespec over gRPC on loopback")
+    for quantize in args.quantize.split(","):
+        with LocalCluster(Path(tempfile.mkdtemp(prefix="edgespec-bench-")),
+                          drafter_args=["--quantize", quantize], coordinator_args=["--max-window", "16"]) as cluster:
+            asyncio.run(run_edgespec(cluster.coordinator.address, "warm up", 8, 2))
+            draft_name = "fp32" if quantize == "none" else quantize
+            for index, (category, text) in enumerate(prompts):
+                if args.temperature > 0 and quantize == args.quantize.split(",")[0]:
+                    tokens, seconds, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text,
+                                                                      args.max_new_tokens, -1, args.temperature, index))
+                    rows.append(dict(system="edgespec-sampling", config=f"edgespec sampling T={args.temperature} "
+                                     f"k=auto draft={draft_name}", category=category, prompt=index, window=-1,
+                                     quantize=quantize, new_tokens=len(tokens), seconds=seconds,
+                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
+                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
+                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
+                                     identical_to_target=None, tokens=tokens))
+                for window in (-1 if w == "auto" else int(w) for w in args.windows.split(",")):
+                    tokens, seconds, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text,
+                                                                      args.max_new_tokens, window))
+                    config = f"edgespec k={'auto' if window < 0 else window} draft={draft_name}"
+                    rows.append(dict(system="edgespec", config=config, category=category, prompt=index, window=window,
+                                     quantize=quantize, new_tokens=len(tokens), seconds=seconds,
+                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
+                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
+                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
+                                     draft_seconds=stats.draft_seconds, verify_seconds=stats.verify_seconds,
+                                     identical_to_target=tokens == reference[index], tokens=tokens))
+                    log.info("%s prompt %d (%s): %.2f tok/s, acceptance %.2f, identical %s", config, index, category,
+                             len(tokens) / seconds, stats.acceptance_rate, tokens == reference[index])
+
+    summary = summarize(rows)
+    target_tps = summary["target-only (HF generate)"]["all"]["tokens_per_second"]
+    greedy = {k: v for k, v in summary.items() if k.startswith("edgespec k=")}
+    exact = {k: v for k, v in greedy.items() if v["all"]["mismatches"] == 0}
+    best_es = max(exact or greedy,
+                  key=lambda k: summary[k]["all"]["tokens_per_second"])
+    best_hf = max((k for k in summary if k.startswith("hf-assisted")), key=lambda k: summary[k]["all"]["tokens_per_second"])
+    categories = sorted({c for c, _ in prompts})
+    ratios = {
+        "best_edgespec": best_es,
+        "best_hf_assisted": best_hf,
+        "edgespec_vs_target": round(summary[best_es]["all"]["tokens_per_second"] / target_tps, 3),
+        "edgespec_vs_hf_assisted": round(summary[best_es]["all"]["tokens_per_second"]
+                                         / summary[best_hf]["all"]["tokens_per_second"], 3),
+        "hf_assisted_vs_target": round(summary[best_hf]["all"]["tokens_per_second"] / target_tps, 3),
+    }
+    sampled = [k for k in summary if k.startswith("edgespec sampling")]
+    if sampled:
+        ratios["edgespec_sampling_vs_target_sampling"] = round(
+            summary[sampled[0]]["all"]["tokens_per_second"]
+            / summary[f"target-only sampling T={args.temperature}"]["all"]["tokens_per_second"], 3)
+    for category in categories:
+        ratios[f"edgespec_vs_target[{category}]"] = round(
+            summary[best_es][category]["tokens_per_second"] / summary["target-only (HF generate)"][category]["tokens_per_second"], 3)
+    machine = dict(platform=platform.platform(), python=platform.python_version(), cpus=__import__("os").cpu_count())
+    table = markdown(summary, ratios, categories)
+    args.json.write_text(json.dumps(dict(machine=machine, max_new_tokens=args.max_new_tokens, ratios=ratios,
+                                         summary=summary, rows=rows), indent=1))
+    (args.md or args.json.with_suffix(".md")).write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

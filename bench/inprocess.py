@@ -1,0 +1,54 @@
+"""Engines as the round loop's ports, in one process: no wire, no services.
+
+For tests and for tools that run edgespec's own round loop against models loaded
+in process (edgespec bench-drafters' references).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from edgespec.engines.drafter import DrafterEngine
+from edgespec.loop.rounds import Window
+from edgespec.verify.greedy import Verdict
+from edgespec.engines.verifier import VerifierEngine
+
+
+class InProcessDrafter:
+    def __init__(self, engine: DrafterEngine, q_ids: int = 0):
+        self.engine = engine
+        self.q_ids = q_ids
+
+    async def open(self, session_id, tokens, params=None):
+        self.engine.open(session_id, tokens, *([params, self.q_ids] if params else []))
+
+    async def draft(self, session_id, base_position, append, k):
+        proposal = self.engine.draft(session_id, base_position, append, k)
+        return proposal.tokens, proposal.q
+
+    async def close(self, session_id):
+        self.engine.close(session_id)
+
+
+class InProcessVerifier:
+    """A verifier engine as the round loop's port (and as a failover endpoint)."""
+
+    def __init__(self, engine: VerifierEngine, address: str = "in-process"):
+        self.engine = engine
+        self.address = address
+
+    async def open(self, session_id, tokens, params=None):
+        self.engine.open(session_id, tokens, *([params] if params else []))
+
+    async def verify(self, session_id, window: Window) -> Verdict | None:
+        await asyncio.sleep(0)   # a real port yields to the event loop; pipelining relies on it
+        return self.engine.verify(session_id, window.base_position, window.draft, window.q,
+                                  window.params_fingerprint, window.parent).verdict
+
+    async def close(self, session_id):
+        self.engine.close(session_id)
+
+    async def discard(self, session_id):
+        self.engine.close(session_id)
+
+    def forget(self, session_id):
+        pass

@@ -1,0 +1,231 @@
+"""Per-round telemetry, gathered where it happens, read by window control (docs/architecture.md §2, §4).
+
+Pure: no grpc, torch or asyncio. The coordinator (or the simulator) records one RoundSample per round;
+window policies read the estimates, AWC reads `features()`.
+
+All EMAs use the same weight `smoothing` for a new observation. The link RTT is estimated as the
+coordinator-measured verify round trip minus the verifier-reported forward time, so it includes the
+wire, serialisation and the time the window waited in the verifier's queue. A verifier that reports
+no compute time (0) makes the RTT estimate the whole round trip.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgespec.control.window import best_window, expected_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class RoundSample:
+    k: int                               # tokens drafted (window size); 0 = target-only round
+    accepted: int                        # n, draft tokens the verifier accepted (0 <= n <= k)
+    draft_seconds: float                 # drafter time for the whole window
+    verify_wall_seconds: float           # coordinator-measured verify round trip (wire + queue + forward)
+    verify_compute_seconds: float = 0.0  # verifier-reported forward time for this window (0 = not reported)
+    queue_depth: int = 0                 # verifier-reported windows waiting when this one was scored
+    link: str = ""                       # verifier address the window went to
+    committed: int = -1                  # tokens committed this round; -1 = accepted + 1
+    round_seconds: float = -1.0          # round wall time; -1 = draft + verify wall
+
+    @property
+    def tokens(self) -> int:
+        return self.accepted + 1 if self.committed < 0 else self.committed
+
+    @property
+    def wall(self) -> float:
+        return self.draft_seconds + self.verify_wall_seconds if self.round_seconds < 0 else self.round_seconds
+
+    @property
+    def rtt(self) -> float:
+        return max(0.0, self.verify_wall_seconds - self.verify_compute_seconds)
+
+
+def _ema(old: float | None, new: float, s: float) -> float:
+    return new if old is None else (1 - s) * old + s * new
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """RTT of one verifier link: EMA mean, jitter (EMA of |x - mean|), trend (EMA of the change
+    of the mean per round) and the last `window` samples for percentiles. Seconds."""
+    smoothing: float = 0.3
+    window: int = 64
+    mean: float | None = None
+    jitter: float = 0.0
+    trend: float = 0.0
+    count: int = 0
+    recent: deque = field(default_factory=deque)
+
+    def add(self, rtt: float) -> None:
+        s = self.smoothing
+        if self.mean is None:
+            self.mean = rtt
+        else:
+            old = self.mean
+            self.jitter = (1 - s) * self.jitter + s * abs(rtt - old)
+            self.mean = (1 - s) * old + s * rtt
+            self.trend = (1 - s) * self.trend + s * (self.mean - old)
+        self.recent.append(rtt)
+        if len(self.recent) > self.window:
+            self.recent.popleft()
+        self.count += 1
+
+    def percentile(self, q: float) -> float:
+        """q in [0, 100] over the last `window` samples (nearest rank); 0 before any sample."""
+        if not self.recent:
+            return 0.0
+        ordered = sorted(self.recent)
+        return ordered[min(len(ordered) - 1, max(0, int(np.ceil(q / 100 * len(ordered))) - 1))]
+
+
+# The AWC feature vector, in order. Times are divided by t_ref, the verifier's forward time for the
+# smallest window measured (one target pass), so the same model serves a CPU verifier (~0.4 s) and a
+# GPU one (~0.02 s): the best window depends only on the ratios of the costs, not their scale.
+FEATURE_NAMES = (
+    "queue_util",    # verifier queue-depth EMA / queue_capacity (windows waiting per batch slot), [0, 4]
+    "acceptance",    # recent acceptance rate: EMA of n / k over rounds with k > 0, [0, 1]
+    "alpha",         # per-token acceptance: EMA accepted / EMA judged positions (MLE for constant alpha), [0, 1]
+    "rtt_mean",      # current link's RTT EMA / t_ref
+    "rtt_jitter",    # current link's EMA |rtt - mean| / t_ref
+    "rtt_trend",     # current link's EMA of the change of the mean per round / t_ref
+    "tpot",          # EMA of round seconds per committed token / t_ref
+    "draft_cost",    # drafter seconds per token EMA / t_ref
+    "verify_slope",  # extra verifier forward seconds per extra window token / t_ref
+    "prev_k",        # previous window / max_k, [0, 1]
+    "goodput_k",     # the window maximising this telemetry's own goodput estimate (goodput_window) / max_k, [0, 1]
+)
+_RATIO_CLIP = 100.0
+
+
+@dataclass(slots=True)
+class Telemetry:
+    max_k: int = 8                  # positions tracked for conditional acceptance, tokens
+    smoothing: float = 0.3          # EMA weight of a new observation
+    queue_capacity: float = 8.0     # windows the verifier scores per batch, for queue_util
+    rtt_window: int = 64            # samples kept per link for percentiles
+    prior_alpha: float = 0.7        # acceptance assumed before any observation
+    prior_verify_slope: float = 0.1  # verify_slope (fraction of t_ref per token) before two k's are measured
+    links: dict[str, LinkStats] = field(default_factory=dict)
+    alpha: list[float] = field(default_factory=list)           # [max_k] conditional acceptance per position
+    acceptance: float | None = None                            # EMA of n / k
+    accepted_ema: float | None = None                          # EMA of n (rounds with k > 0)
+    judged_ema: float | None = None                            # EMA of positions judged, min(n + 1, k)
+    draft_per_token: float | None = None                       # seconds
+    verify_wall: float | None = None                           # seconds, verify round trip EMA (any window)
+    verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> verifier forward seconds EMA
+    queue_last: int = 0                                        # windows
+    queue_ema: float = 0.0                                     # windows
+    tpot: float | None = None                                  # seconds per committed token
+    rounds: int = 0
+    last_link: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.alpha:
+            self.alpha = [self.prior_alpha] * self.max_k
+
+    def record(self, sample: RoundSample) -> None:
+        s = self.smoothing
+        self.rounds += 1
+        self.last_link = sample.link
+        link = self.links.get(sample.link)
+        if link is None:
+            link = self.links[sample.link] = LinkStats(s, self.rtt_window)
+        link.add(sample.rtt)
+        self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
+        if sample.verify_compute_seconds > 0:
+            self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k), sample.verify_compute_seconds, s)
+        self.queue_last = sample.queue_depth
+        self.queue_ema = (1 - s) * self.queue_ema + s * sample.queue_depth
+        if sample.tokens > 0:
+            self.tpot = _ema(self.tpot, sample.wall / sample.tokens, s)
+        k, n = sample.k, sample.accepted
+        if k == 0:
+            return
+        self.acceptance = _ema(self.acceptance, n / k, s)
+        self.accepted_ema = _ema(self.accepted_ema, float(n), s)
+        self.judged_ema = _ema(self.judged_ema, float(min(n + 1, k)), s)
+        if sample.draft_seconds > 0:
+            self.draft_per_token = _ema(self.draft_per_token, sample.draft_seconds / k, s)
+        for j in range(min(n + 1, k, self.max_k)):     # positions that were actually judged
+            self.alpha[j] = (1 - s) * self.alpha[j] + s * (1.0 if j < n else 0.0)
+
+    def inherit_costs(self, other: "Telemetry") -> None:
+        """Take ``other``'s cost estimates (links, draft and verify costs, queue, TPOT), not its acceptance.
+
+        Costs belong to the deployment, acceptance to the text: a coordinator keeps one Telemetry of what
+        earlier sessions measured and starts each session from its costs, so a short generation does not
+        begin blind (and windows measured once need not be measured again)."""
+        self.links = {name: LinkStats(link.smoothing, link.window, link.mean, link.jitter, link.trend, link.count,
+                                      deque(link.recent)) for name, link in other.links.items()}
+        self.last_link = other.last_link
+        self.draft_per_token, self.verify_wall = other.draft_per_token, other.verify_wall
+        self.verify_compute = dict(other.verify_compute)
+        self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
+
+    # -- estimates -------------------------------------------------------------------------------
+
+    def alpha_per_token(self) -> float:
+        if not self.judged_ema:
+            return self.prior_alpha
+        return min(1.0, self.accepted_ema / self.judged_ema)
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k) from the conditional acceptance EMAs."""
+        return expected_tokens(self.alpha, min(k, self.max_k))
+
+    def reference_seconds(self) -> float:
+        """t_ref: forward time of the smallest window measured; else the mean round trip; else 1 s."""
+        if self.verify_compute:
+            return self.verify_compute[min(self.verify_compute)]
+        link = self.links.get(self.last_link)
+        return link.mean if link is not None and link.mean else 1.0
+
+    def verify_slope_seconds(self) -> float:
+        """Least-squares slope of verifier forward seconds against window size (seconds per token)."""
+        if len(self.verify_compute) < 2:
+            return self.prior_verify_slope * self.reference_seconds()
+        ks, ts = list(self.verify_compute), list(self.verify_compute.values())
+        mk, mt = sum(ks) / len(ks), sum(ts) / len(ts)
+        num = sum((k - mk) * (t - mt) for k, t in zip(ks, ts))
+        return max(0.0, num / sum((k - mk) ** 2 for k in ks))
+
+    def verify_estimate(self, k: int) -> float:
+        """Verifier forward seconds for a window of k: measured EMA, else t_ref plus the slope."""
+        if k in self.verify_compute:
+            return self.verify_compute[k]
+        ref_k = min(self.verify_compute) if self.verify_compute else 0
+        return self.reference_seconds() + self.verify_slope_seconds() * (k - ref_k)
+
+    def goodput_window(self) -> int:
+        """argmax_k E(k) / (k t_draft + RTT + t_verify(k)) over [0, max_k] from these estimates: the
+        analytic answer of docs/architecture.md §4, given to AWC as one feature among the others."""
+        return best_window(self.alpha, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+                           lambda k: max(1e-6, self.verify_estimate(k)), self.max_k)
+
+    def link_stats(self, link: str | None = None) -> LinkStats:
+        return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)
+
+    def features(self, prev_k: int, link: str | None = None) -> np.ndarray:
+        """The AWC feature vector (FEATURE_NAMES order), float64 [len(FEATURE_NAMES)]."""
+        ref = max(self.reference_seconds(), 1e-6)
+        stats = self.link_stats(link)
+
+        def ratio(seconds: float | None) -> float:
+            return min(_RATIO_CLIP, max(-_RATIO_CLIP, (seconds or 0.0) / ref))
+
+        return np.array([
+            min(4.0, self.queue_ema / self.queue_capacity),
+            self.prior_alpha if self.acceptance is None else self.acceptance,
+            self.alpha_per_token(),
+            ratio(stats.mean),
+            ratio(stats.jitter),
+            ratio(stats.trend),
+            ratio(self.tpot),
+            ratio(self.draft_per_token),
+            ratio(self.verify_slope_seconds()),
+            prev_k / self.max_k if self.max_k else 0.0,
+            self.goodput_window() / self.max_k if self.max_k else 0.0,
+        ])

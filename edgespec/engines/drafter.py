@@ -1,0 +1,171 @@
+"""The drafter's sessions: a mirror of the committed tokens and a draft KV cache.
+
+The cache is synced lazily to the committed tokens on the next draft (longest
+common prefix), so a rollback is only a change of the committed list.
+
+Idle sessions, as on the verifier: a session unused for ``idle_ttl_seconds``
+loses its KV cache (its committed tokens stay; the next draft rebuilds the cache
+from them, so eviction costs a prefill, never a different draft); one unused
+for ``forget_after_seconds`` is dropped entirely, and the coordinator re-opens
+it with its committed prefix when it answers NOT_FOUND. That frees what a
+crashed coordinator leaves behind.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from edgespec.errors import Aborted, InvalidArgument, NotFound
+from edgespec.engines.limits import check_prefix, check_session_id, check_token_ids
+from edgespec.verify.sampling import (DRAFT, SamplingParams, SparseDist, check_params, coupled_choice, truncate_to_sparse,
+                               uniform, warp)
+
+
+class DraftModel(Protocol):
+    vocab_size: int
+
+    def new_state(self) -> Any: ...
+    def greedy_draft(self, state: Any, committed: Sequence[int], k: int) -> list[int]: ...
+    def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
+    def logits_rows(self, state: Any, seq: Sequence[int], last: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterLimits:
+    max_window: int = 16            # largest k per Draft call, tokens
+    max_session_tokens: int = 8192  # largest committed length of one session, tokens
+    idle_ttl_seconds: float = 0.0   # drop the KV cache of a session idle this long (0 = never)
+    forget_after_seconds: float = 0.0  # drop a session idle this long entirely (0 = never)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    tokens: list[int]               # k proposed tokens
+    q: list[SparseDist] | None      # what each was sampled from; None = deterministic (one-hot q)
+    seconds: float                  # model time, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Evictions:
+    kv_dropped: list[str]    # sessions whose KV cache was freed (rebuilt on their next draft)
+    forgotten: list[str]     # sessions dropped entirely
+
+
+@dataclass(slots=True)
+class _Session:
+    committed: list[int]
+    kv: Any
+    params: SamplingParams
+    q_ids: int    # ids of q kept per position when sampling; 0 = deterministic drafting
+    last_used: float = 0.0   # clock time of the last open, draft or crop
+    cached: bool = True      # kv may hold positions (False right after an eviction)
+
+
+class DrafterEngine:
+    def __init__(self, model: DraftModel, limits: DrafterLimits = DrafterLimits(),
+                 clock: Callable[[], float] = time.monotonic):
+        self.model = model
+        self.limits = limits
+        self.clock = clock
+        self._sessions: dict[str, _Session] = {}
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def committed(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).committed)
+
+    def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams(),
+             q_ids: int = 0) -> int:
+        check_session_id(session_id)
+        check_prefix("tokens", tokens, self.model.vocab_size, self.limits.max_session_tokens)
+        check_params(params)
+        if not 0 <= q_ids <= self.model.vocab_size:
+            raise InvalidArgument("q_ids", f"must be in 0..{self.model.vocab_size}, got {q_ids}")
+        session = _Session(list(tokens), self.model.new_state(), params, q_ids, self.clock())
+        self.model.prefill(session.kv, tokens)   # so the first draft costs what later ones do
+        self._sessions[session_id] = session
+        return len(tokens)
+
+    def close(self, session_id: str) -> None:
+        if self._sessions.pop(session_id, None) is None:
+            raise NotFound(f"session {session_id!r} is not open on this drafter")
+
+    def crop(self, session_id: str, position: int) -> int:
+        session = self._get(session_id)
+        if not 1 <= position <= len(session.committed):
+            raise InvalidArgument("position", f"must be in 1..{len(session.committed)}, got {position}")
+        del session.committed[position:]
+        session.last_used = self.clock()
+        return position
+
+    def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> Proposal:
+        """Set committed = committed[:base_position - len(append)] + append; propose k tokens.
+
+        All checks run before any state changes.
+        """
+        session = self._get(session_id)
+        if not 1 <= k <= self.limits.max_window:
+            raise InvalidArgument("k", f"must be in 1..{self.limits.max_window}, got {k}")
+        check_token_ids("append", append, self.model.vocab_size)
+        start = base_position - len(append)
+        if base_position < 1 or start < 0:
+            raise InvalidArgument("base_position", f"{base_position} is negative or shorter than append ({len(append)} tokens)")
+        if start > len(session.committed):
+            raise Aborted(f"drafter has no tokens between {len(session.committed)} and {start}", len(session.committed))
+        if base_position + k > self.limits.max_session_tokens:
+            raise InvalidArgument("base_position", f"session would exceed {self.limits.max_session_tokens} tokens")
+        session.committed[start:] = append
+        session.last_used, session.cached = self.clock(), True
+        started = time.perf_counter()
+        if session.params.greedy:
+            return Proposal(self.model.greedy_draft(session.kv, session.committed, k), None,
+                            time.perf_counter() - started)
+        tokens, q = self._sample_draft(session, k)
+        return Proposal(tokens, q, time.perf_counter() - started)
+
+    def _sample_draft(self, session: _Session, k: int) -> tuple[list[int], list[SparseDist] | None]:
+        """Sample k tokens from the warped draft distribution (truncated to q_ids ids),
+        or take its argmax when q_ids is 0 (a deterministic drafter: one-hot q).
+        The coupled sampler proposes argmax(log q + g) with the position's Gumbel noise and sends no q."""
+        seq = list(session.committed)
+        tokens: list[int] = []
+        dists: list[SparseDist] = []
+        coupled = session.params.coupled
+        for _ in range(k):
+            probs = warp(self.model.logits_rows(session.kv, seq, 1)[0], session.params)
+            if coupled:
+                token = coupled_choice(probs, session.params.seed, len(seq))
+            elif session.q_ids == 0:
+                token = int(np.argmax(probs))
+            else:
+                dist = truncate_to_sparse(probs, session.q_ids)
+                token = dist.sample(uniform(session.params.seed, len(seq), DRAFT))
+                dists.append(dist)
+            tokens.append(token)
+            seq.append(token)
+        return tokens, (dists if session.q_ids and not coupled else None)
+
+    def evict_idle(self) -> Evictions:
+        """Free the KV caches of sessions idle past the TTL; drop those idle past ``forget_after``."""
+        now, limits = self.clock(), self.limits
+        dropped, forgotten = [], []
+        for session_id, session in list(self._sessions.items()):
+            idle = now - session.last_used
+            if limits.forget_after_seconds and idle >= limits.forget_after_seconds:
+                del self._sessions[session_id]
+                forgotten.append(session_id)
+            elif limits.idle_ttl_seconds and idle >= limits.idle_ttl_seconds and session.cached:
+                session.kv, session.cached = self.model.new_state(), False   # rebuilt from committed on the next draft
+                dropped.append(session_id)
+        return Evictions(dropped, forgotten)
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise NotFound(f"session {session_id!r} is not open on this drafter; open it with its committed prefix") from None

@@ -1,0 +1,346 @@
+"""The verifier's sessions: committed tokens, a target KV cache, idempotent windows.
+
+Synchronous and single-threaded by design: the servicer runs every call on one
+worker thread, so the target model sees one forward at a time. One forward may
+verify windows of several sessions (``verify_batch``: cross-session batching).
+
+Memory: a session's KV cache may be evicted (idle past the TTL, or to make room
+under the KV budget) while its committed tokens stay; its next window restores
+the cache from the committed prefix, so an eviction costs a prefill, never a
+token. A session idle past ``forget_after`` is dropped entirely; the
+coordinator then re-opens it with its committed prefix (NOT_FOUND).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from edgespec.errors import Aborted, EdgespecError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from edgespec.engines.limits import check_draft_probs, check_prefix, check_session_id, check_token_ids
+from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
+from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
+from edgespec.verify.greedy import Verdict, verify_greedy
+
+log = logging.getLogger(__name__)
+
+REPLAY_MEMORY = 16  # verdicts remembered per session for retried / replayed windows
+
+
+class TargetModel(Protocol):
+    vocab_size: int
+    kv_bytes_per_token: int
+
+    def new_state(self) -> Any: ...
+    def cached_length(self, state: Any) -> int: ...
+    def crop(self, state: Any, length: int) -> None: ...
+    def logits_rows_batch(self, states: Sequence[Any], seqs: Sequence[Sequence[int]],
+                          lasts: Sequence[int]) -> list[np.ndarray]: ...
+    def prefill(self, state: Any, tokens: Sequence[int]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierLimits:
+    max_window: int = 16            # largest draft window, tokens
+    max_session_tokens: int = 8192  # largest committed length of one session, tokens
+    max_session_kv_bytes: int = 0   # largest KV cache of one session, bytes (0 = no limit but the tokens)
+    kv_budget_bytes: int = 0        # all sessions' KV caches together, bytes (0 = unlimited)
+    idle_ttl_seconds: float = 0.0   # evict the KV cache of a session idle this long (0 = never)
+    forget_after_seconds: float = 0.0  # drop a session idle this long entirely (0 = never)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRequest:
+    session_id: str
+    base_position: int
+    draft: tuple[int, ...]
+    q: tuple[SparseDist, ...] = ()      # sampling drafters: q per draft token (empty = one-hot)
+    params_fingerprint: int = 0
+    parent: int | None = None           # optimistic window: the assumed token at base_position - 1
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    verdict: Verdict | None  # None: an optimistic window whose assumption did not hold (discarded)
+    base_position: int     # where the window started
+    committed_position: int  # base_position + n + 1
+    verify_seconds: float  # target forward (shared by the batch) + verification, seconds
+    batch_size: int = 1    # windows verified in the same forward pass
+
+
+@dataclass(frozen=True, slots=True)
+class Evictions:
+    kv_dropped: list[str]    # sessions whose KV cache was freed (restored on their next window)
+    forgotten: list[str]     # sessions dropped entirely
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the engine holds now, and what its memory management did so far."""
+    sessions: int
+    kv_bytes: int
+    memory_evictions: int    # KV caches evicted to fit the KV budget
+
+
+@dataclass(slots=True)
+class _Session:
+    committed: list[int]
+    kv: Any
+    params: SamplingParams
+    last_used: float
+    replies: OrderedDict[int, tuple[tuple, WindowResult]] = field(default_factory=OrderedDict)
+
+
+class VerifierEngine:
+    def __init__(self, target: TargetModel, eos_ids: Sequence[int], limits: VerifierLimits = VerifierLimits(),
+                 clock: Callable[[], float] = time.monotonic):
+        self.target = target
+        self.eos_ids = frozenset(eos_ids)
+        self.limits = limits
+        self.clock = clock
+        self._sessions: dict[str, _Session] = {}
+        self._head: WeightHead | None = None   # the learned DIVERSED weight head, loaded on first use
+        self.restores = 0                      # windows that re-prefilled an evicted cache
+        self.memory_evictions = 0              # caches evicted to fit the KV budget
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes held by all sessions' KV caches."""
+        return self.target.kv_bytes_per_token * sum(self.target.cached_length(s.kv) for s in self._sessions.values())
+
+    def usage(self) -> Usage:
+        return Usage(len(self._sessions), self.kv_bytes, self.memory_evictions)
+
+    def committed(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).committed)
+
+    def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams()) -> float:
+        """Create or replace a session; prefill its cache. Returns prefill seconds."""
+        check_session_id(session_id)
+        check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
+        self._check_session_memory(len(tokens))
+        check_params(params)
+        if params.relaxation.learned and self._head is None:
+            try:
+                self._head = load_head()
+            except (OSError, ValueError, KeyError) as error:
+                raise InvalidArgument("relaxation.learned", f"this verifier has no usable weight head: {error}") from None
+        old = self._sessions.pop(session_id, None)
+        try:
+            self._make_room(len(tokens), keep=())
+        except ResourceExhausted:
+            if old is not None:
+                self._sessions[session_id] = old   # a refused re-open changes nothing
+            raise
+        started = time.perf_counter()
+        session = _Session(committed=list(tokens), kv=self.target.new_state(), params=params, last_used=self.clock())
+        self.target.prefill(session.kv, tokens)
+        self._sessions[session_id] = session
+        return time.perf_counter() - started
+
+    def close(self, session_id: str) -> None:
+        if self._sessions.pop(session_id, None) is None:
+            raise NotFound(f"session {session_id!r} is not open on this verifier")
+
+    def verify(self, session_id: str, base_position: int, draft: Sequence[int],
+               q: Sequence[SparseDist] = (), params_fingerprint: int = 0,
+               parent: int | None = None) -> WindowResult:
+        """Score ``draft`` in one target pass and commit n + 1 tokens.
+
+        q: the draft distributions (sampling sessions; empty = one-hot q).
+        parent: set for an optimistic window (pipelining): verify only if the
+        committed tokens are exactly base_position long and end in ``parent``,
+        else discard it (verdict None) — unless it replays an earlier window.
+        Every check happens before any state changes, so a rejected window
+        leaves the session exactly as it was.
+        """
+        [result] = self.verify_batch([WindowRequest(session_id, base_position, tuple(draft), tuple(q),
+                                                    params_fingerprint, parent)])
+        if isinstance(result, EdgespecError):
+            raise result
+        return result
+
+    def verify_batch(self, requests: Sequence[WindowRequest]) -> list[WindowResult | EdgespecError]:
+        """Verify windows of several sessions; one target forward per wave.
+
+        Each request gets its result or its error (a bad window fails alone and
+        changes nothing). Windows of distinct sessions share a forward pass;
+        a second window of the same session goes in the next wave, after the
+        first one committed (so a pipelined optimistic window sees its parent).
+        """
+        results: list[WindowResult | EdgespecError | None] = [None] * len(requests)
+        remaining = list(range(len(requests)))
+        while remaining:
+            wave, later, seen = [], [], set()
+            for i in remaining:
+                (later if requests[i].session_id in seen else wave).append(i)
+                seen.add(requests[i].session_id)
+            self._verify_wave(requests, wave, results)
+            remaining = later
+        return results
+
+    def _verify_wave(self, requests: Sequence[WindowRequest], wave: list[int],
+                     results: list[WindowResult | EdgespecError | None]) -> None:
+        scored: list[tuple[int, _Session]] = []
+        for i in wave:
+            try:
+                immediate, session = self._admit(requests[i])
+            except EdgespecError as error:
+                results[i] = error
+                continue
+            if immediate is not None:
+                results[i] = immediate
+            else:
+                scored.append((i, session))
+        if not scored:
+            return
+        started = time.perf_counter()
+        seqs = [session.committed + list(requests[i].draft) for i, session in scored]
+        restoring = sum(self.target.cached_length(s.kv) == 0 and len(s.committed) > 1 for _, s in scored)
+        try:
+            # Logits after committed[-1] and after each draft token: k + 1 rows per window.
+            rows = self.target.logits_rows_batch([s.kv for _, s in scored], seqs,
+                                                 [len(requests[i].draft) + 1 for i, _ in scored])
+        except Exception as error:   # a failed forward (e.g. out of memory): every window in it fails, none commits
+            log.exception("target forward over %d windows failed", len(scored))
+            for i, session in scored:
+                session.kv = self.target.new_state()   # restored from the committed prefix next time
+                results[i] = Unavailable(f"target forward failed: {type(error).__name__}: {error}")
+            return
+        self.restores += restoring
+        seconds = time.perf_counter() - started
+        for (i, session), logits in zip(scored, rows):
+            results[i] = self._commit(session, requests[i], logits, seconds, len(scored))
+
+    def _admit(self, request: WindowRequest) -> tuple[WindowResult | None, _Session]:
+        """Check a window; the result if it needs no forward (discarded, replayed), else None."""
+        session = self._get(request.session_id)
+        optimistic = request.parent is not None
+        self._check_window(session, request.base_position, request.draft, request.q, request.params_fingerprint,
+                           optimistic)
+        session.last_used = self.clock()
+        committed = len(session.committed)
+        base = request.base_position
+        if optimistic and (base > committed or (base == committed and session.committed[-1] != request.parent)):
+            return WindowResult(None, base, committed, 0.0), session
+        if base < committed:
+            return self._replay(session, base, (request.draft, request.q), optimistic), session
+        self._make_room(committed + len(request.draft), keep=(request.session_id,))
+        return None, session
+
+    def _commit(self, session: _Session, request: WindowRequest, logits: np.ndarray, forward_seconds: float,
+                batch_size: int) -> WindowResult:
+        started = time.perf_counter()
+        draft, q, params = request.draft, request.q, session.params
+        if params.relaxation.lossy:
+            verdict = verify_relaxed(draft, q or None, logits, params, request.base_position, self.eos_ids, self._head)
+        elif params.greedy:
+            verdict = verify_greedy(draft, np.argmax(logits, axis=-1).tolist(), self.eos_ids)
+        elif params.coupled:
+            p = np.stack([warp(row, params) for row in logits])
+            verdict = verify_coupled(draft, p, params.seed, request.base_position, self.eos_ids)
+        else:
+            p = np.stack([warp(row, params) for row in logits])
+            verdict = verify_sampling(draft, q or None, p, params.seed, request.base_position, self.eos_ids)
+        verdict = replace(verdict, target_logprob=committed_logprob(logits, verdict.committed(draft)))
+        session.committed.extend(verdict.committed(draft))
+        # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
+        self.target.crop(session.kv, len(session.committed) - 1)
+        result = WindowResult(verdict, request.base_position, len(session.committed),
+                              forward_seconds + time.perf_counter() - started, batch_size)
+        session.replies[request.base_position] = ((draft, q), result)
+        while len(session.replies) > REPLAY_MEMORY:
+            session.replies.popitem(last=False)
+        return result
+
+    def evict_idle(self) -> Evictions:
+        """Free the KV caches of sessions idle past the TTL; drop those idle past ``forget_after``."""
+        now, limits = self.clock(), self.limits
+        dropped, forgotten = [], []
+        for session_id, session in list(self._sessions.items()):
+            idle = now - session.last_used
+            if limits.forget_after_seconds and idle >= limits.forget_after_seconds:
+                del self._sessions[session_id]
+                forgotten.append(session_id)
+            elif limits.idle_ttl_seconds and idle >= limits.idle_ttl_seconds and self._drop_kv(session):
+                dropped.append(session_id)
+        return Evictions(dropped, forgotten)
+
+    def _drop_kv(self, session: _Session) -> bool:
+        if self.target.cached_length(session.kv) == 0:
+            return False
+        session.kv = self.target.new_state()
+        return True
+
+    def _check_session_memory(self, tokens: int) -> None:
+        limit = self.limits.max_session_kv_bytes
+        if limit and tokens * self.target.kv_bytes_per_token > limit:
+            raise ResourceExhausted(f"a session of {tokens} tokens needs {tokens * self.target.kv_bytes_per_token} "
+                                    f"bytes of KV cache, over the per-session limit of {limit} bytes; ask for less")
+
+    def _make_room(self, tokens: int, keep: Sequence[str]) -> None:
+        """Make the KV budget fit ``tokens`` more cached positions, evicting least recently used caches
+        (never those in ``keep``); RESOURCE_EXHAUSTED if even that cannot."""
+        self._check_session_memory(tokens)
+        budget = self.limits.kv_budget_bytes
+        if not budget:
+            return
+        need = tokens * self.target.kv_bytes_per_token
+        held = self.kv_bytes
+        if keep:   # a session's own cache is part of the tokens it asks for
+            held -= sum(self.target.cached_length(self._sessions[s].kv) for s in keep) * self.target.kv_bytes_per_token
+        for session_id, session in sorted(self._sessions.items(), key=lambda item: item[1].last_used):
+            if held + need <= budget:
+                break
+            if session_id in keep:
+                continue
+            freed = self.target.cached_length(session.kv) * self.target.kv_bytes_per_token
+            if self._drop_kv(session):
+                held -= freed
+                log.info("session %s: KV cache evicted to make room (%d bytes)", session_id, freed)
+                self.memory_evictions += 1
+        if held + need > budget:
+            raise ResourceExhausted(f"KV budget of {budget} bytes is full ({held} held, {need} needed)",
+                                    retry_after_seconds=1.0)
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise NotFound(f"session {session_id!r} is not open on this verifier; open it with its committed prefix") from None
+
+    def _check_window(self, session: _Session, base_position: int, draft: tuple[int, ...],
+                      q: tuple[SparseDist, ...], params_fingerprint: int, optimistic: bool) -> None:
+        if len(draft) > self.limits.max_window:
+            raise InvalidArgument("draft_tokens", f"window of {len(draft)} tokens exceeds max_window {self.limits.max_window}")
+        check_token_ids("draft_tokens", draft, self.target.vocab_size)
+        expected = session.params.fingerprint()
+        if params_fingerprint != expected and (params_fingerprint != 0 or not session.params.greedy):
+            raise InvalidArgument("params_fingerprint", f"{params_fingerprint} does not match the session's sampling "
+                                  f"parameters ({expected}): drafter and verifier would warp differently")
+        check_draft_probs(q, draft, self.target.vocab_size, session.params.sampler)
+        if base_position < 0:
+            raise InvalidArgument("base_position", f"must be >= 0, got {base_position}")
+        committed = len(session.committed)
+        if base_position > committed and not optimistic:
+            raise InvalidArgument("base_position", f"{base_position} is past the committed position {committed}")
+        if max(base_position, committed) + len(draft) + 1 > self.limits.max_session_tokens:
+            raise InvalidArgument("draft_tokens", f"session would exceed {self.limits.max_session_tokens} tokens")
+
+    def _replay(self, session: _Session, base_position: int, window: tuple, optimistic: bool) -> WindowResult:
+        """A window at an old position: the same verdict if it is a replay, else
+        discarded (optimistic) or ABORTED."""
+        remembered = session.replies.get(base_position)
+        if remembered is not None and remembered[0] == window:
+            return remembered[1]
+        if optimistic:
+            return WindowResult(None, base_position, len(session.committed), 0.0)
+        raise Aborted(f"stale window at base_position {base_position}", len(session.committed))

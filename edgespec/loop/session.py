@@ -1,0 +1,78 @@
+"""The coordinator's record of one generation: committed tokens and round stats.
+
+Pure bookkeeping; the round loop (edgespec/loop/speculation.py) feeds it verdicts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgespec.verify.greedy import Verdict
+
+
+@dataclass(slots=True)
+class RoundStats:
+    rounds: int = 0            # windows verified
+    drafted: int = 0           # draft tokens proposed
+    accepted: int = 0          # draft tokens accepted
+    draft_seconds: float = 0.0   # waiting on the drafter, seconds
+    verify_seconds: float = 0.0  # waiting on the verifier (incl. wire), seconds
+    optimistic_windows: int = 0  # pipelining: windows drafted ahead and sent before the previous verdict
+    optimistic_hits: int = 0     # of those, the ones whose assumption held (verified, not discarded)
+    degraded: int = 0            # times no verifier was reachable and unverified drafting began
+    target_logprob: float = 0.0  # sum of the target's T=1 log-probabilities of the verified tokens (nats)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per round (accepted + the target's one)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+@dataclass(slots=True)
+class SessionLog:
+    prompt: list[int]              # prompt token ids (already templated)
+    max_new_tokens: int            # generation budget, tokens
+    eos_ids: frozenset[int]        # tokens that end generation
+    generated: list[int] = field(default_factory=list)
+    stats: RoundStats = field(default_factory=RoundStats)
+    finish_reason: str | None = None   # "eos" | "length" | "unverified" (degraded) once finished
+    unverified: int = 0                # degraded end: drafter tokens after `generated` no verifier checked
+
+    @property
+    def committed(self) -> list[int]:
+        return self.prompt + self.generated
+
+    @property
+    def position(self) -> int:
+        """Committed length: prompt + generated tokens."""
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.generated)
+
+    def clamp_window(self, k: int) -> int:
+        """Largest window that cannot overshoot the budget: a round commits up to k + 1."""
+        return max(0, min(k, self.remaining - 1))
+
+    def commit(self, draft: list[int], verdict: Verdict) -> list[int]:
+        """Record one round; return the newly committed tokens."""
+        if verdict.accepted > len(draft):
+            raise ValueError(f"verdict accepts {verdict.accepted} of {len(draft)} draft tokens")
+        tokens = verdict.committed(draft)
+        if len(tokens) > self.remaining:
+            raise ValueError(f"round commits {len(tokens)} tokens but only {self.remaining} remain")
+        self.generated.extend(tokens)
+        self.stats.rounds += 1
+        self.stats.drafted += len(draft)
+        self.stats.accepted += verdict.accepted
+        self.stats.target_logprob += verdict.target_logprob
+        if tokens[-1] in self.eos_ids:
+            self.finish_reason = "eos"
+        elif self.remaining == 0:
+            self.finish_reason = "length"
+        return tokens
+

@@ -1,0 +1,85 @@
+"""The round loop: draft -> verify -> commit, over any drafter and verifier.
+
+Transport-free: the ports are whatever the caller wires in (gRPC clients in the
+coordinator service, in-process engines in tests, modelled links in the
+simulator). Rollback needs no step of its own: the next draft call carries the
+committed tokens the drafter has not seen and the drafter resets to them.
+
+Two loops share the same steps:
+- blocking: draft window w, send it, wait for its verdict, commit, repeat;
+- pipelined (docs/architecture.md §2): while w is in flight, draft w+1 assuming w is
+  fully accepted and its bonus token is the drafter's next guess, and send it at
+  once as an *optimistic* window. If the verdict agrees, w+1 is already on its
+  way (often already verified); if not, the verifier discards it and we redraft.
+
+Faults: the drafter session is opened on the first draft; a drafter that
+fails is reopened with the committed prefix after a backoff, and rounds fall
+back to target-only meanwhile. Verifier faults are the
+verifier port's job (edgespec.loop.failover re-homes the session); if it gives up,
+the loop fails the generation or, with ``on_verifier_loss="draft-only"``,
+streams unverified drafter tokens — flagged — until a verifier is back.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import AsyncIterator
+
+from opentelemetry import trace
+
+from edgespec.errors import Unavailable
+from edgespec.observe.metrics import CoordinatorMetrics
+from edgespec.loop.pipelining import pipelined
+from edgespec.loop.rounds import Chunk, DrafterPort, Rounds, VerifierPort, Window, draft_window
+from edgespec.verify.sampling import SamplingParams
+from edgespec.loop.session import SessionLog
+from edgespec.control.telemetry import Telemetry
+from edgespec.control.window import WindowPolicy
+
+__all__ = ["Chunk", "DrafterPort", "VerifierPort", "Window", "speculate"]
+
+log = logging.getLogger(__name__)
+
+
+async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
+                    policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
+                    on_verifier_loss: str = "fail", max_unverified: int = 256,
+                    telemetry: Telemetry | None = None, metrics: CoordinatorMetrics | None = None,
+                    max_draft: int = 16) -> AsyncIterator[Chunk]:
+    """Run rounds until EOS or the budget; yield each round's committed tokens.
+
+    The policy picks each round's window; k = 0 is a target-only step (no drafter).
+    The caller opens the verifier session (with ``params``); the drafter session
+    is opened on the first draft. The caller closes both.
+    on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
+    with at most ``max_unverified`` unverified tokens ahead of the verified ones.
+    telemetry: where each round is recorded (the policy may read the same object).
+    metrics: where each committed round is counted (None: nowhere). Spans go to the global tracer.
+    max_draft: the most tokens one draft call may ask for (the drafter's max_window); the pipelined
+    look-ahead asks for its bonus guess and the next window in one call, so it drafts at most max_draft - 1.
+    """
+    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft)
+    loop = pipelined if pipeline else _blocking
+    while log_.finish_reason is None:
+        try:
+            async for chunk in loop(rounds):
+                yield chunk
+        except Unavailable as error:   # the verifier port gave up (drafter faults never get here)
+            if on_verifier_loss != "draft-only":
+                raise
+            log.warning("session %s: %s; streaming unverified drafter tokens", session_id, error)
+            log_.stats.degraded += 1
+            async for chunk in rounds.degraded(max_unverified):
+                yield chunk
+
+
+async def _blocking(rounds: Rounds) -> AsyncIterator[Chunk]:
+    log_ = rounds.log
+    while log_.finish_reason is None:
+        k = log_.clamp_window(rounds.policy.choose())
+        with trace.use_span(rounds.start_round(), end_on_exit=True):
+            window, draft_seconds = await draft_window(rounds, k)
+            started = time.perf_counter()
+            verdict = await rounds.verify(window)
+            chunk = rounds.commit(window, verdict, draft_seconds, time.perf_counter() - started)
+        yield chunk   # outside the span: a yield would leave it current in the consumer's code

@@ -1,0 +1,142 @@
+"""The metrics each service records, on the OpenTelemetry API only.
+
+One class per role holds its instruments; the service creates it once and calls
+its methods where the thing happens. Names mirror vLLM's spec-decode metrics
+where they mean the same (README.md "Observability" has the table): OpenTelemetry
+``edgespec.spec_decode.num_drafts`` is Prometheus ``edgespec_spec_decode_num_drafts_total``
+(dots become underscores; counters get ``_total``, and a unit ``s`` or ``By``
+appends ``_seconds`` or ``_bytes``).
+
+Without a meter provider (edgespec.observe.exporters.setup) every call is a no-op.
+"""
+from __future__ import annotations
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Meter
+
+from edgespec.control.telemetry import RoundSample
+
+METER_NAME = "edgespec"
+
+# Histogram buckets: OpenTelemetry's defaults suit milliseconds, not these.
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WINDOW_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _meter(meter: Meter | None) -> Meter:
+    return meter or metrics.get_meter(METER_NAME)
+
+
+class CoordinatorMetrics:
+    """Rounds, generations and failovers, as the coordinator sees them."""
+
+    def __init__(self, meter: Meter | None = None):
+        m = _meter(meter)
+        self.drafts = m.create_counter(
+            "edgespec.spec_decode.num_drafts", "{window}", "windows with k >= 1 drafted and verified")
+        self.draft_tokens = m.create_counter(
+            "edgespec.spec_decode.num_draft_tokens", "{token}", "draft tokens proposed in verified windows")
+        self.accepted_tokens = m.create_counter(
+            "edgespec.spec_decode.num_accepted_tokens", "{token}", "draft tokens the verifier accepted")
+        self.accepted_per_position = m.create_counter(
+            "edgespec.spec_decode.num_accepted_tokens_per_pos", "{token}",
+            "accepted draft tokens by their position in the window (0 = first)")
+        self.window_size = m.create_histogram(
+            "edgespec.spec_decode.window_size", "{token}", "draft window k per round (0 = target-only)",
+            explicit_bucket_boundaries_advisory=WINDOW_BUCKETS)
+        self.link_rtt = m.create_histogram(
+            "edgespec.link.rtt", "s", "verify round trip minus the verifier-reported forward time, per round",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self.verdict_queue_depth = m.create_histogram(
+            "edgespec.verdict.queue_depth", "{window}", "windows waiting at the verifier, as its verdicts report",
+            explicit_bucket_boundaries_advisory=COUNT_BUCKETS)
+        self.time_per_output_token = m.create_histogram(
+            "edgespec.time_per_output_token", "s", "per generation: seconds after the prefill / new tokens",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self.generations = m.create_counter(
+            "edgespec.generations", "{generation}", "finished generations by finish_reason")
+        self.failovers = m.create_counter(
+            "edgespec.failovers", "{failover}", "sessions re-opened on a verifier, by reason")
+
+    def round(self, sample: RoundSample) -> None:
+        """One committed round."""
+        self.window_size.record(sample.k)
+        self.verdict_queue_depth.record(sample.queue_depth)
+        self.link_rtt.record(sample.rtt, {"verifier": sample.link})
+        if sample.k == 0:
+            return
+        self.drafts.add(1)
+        self.draft_tokens.add(sample.k)
+        self.accepted_tokens.add(sample.accepted)
+        for position in range(sample.accepted):
+            self.accepted_per_position.add(1, {"position": position})
+
+    def generation(self, finish_reason: str, new_tokens: int, decode_seconds: float) -> None:
+        """One finished generation; ``decode_seconds`` is its time after the prefill."""
+        self.generations.add(1, {"finish_reason": finish_reason})
+        if new_tokens:
+            self.time_per_output_token.record(decode_seconds / new_tokens)
+
+    def failed(self) -> None:
+        """A generation that ended with an error status."""
+        self.generations.add(1, {"finish_reason": "error"})
+
+    def failover(self, reason: str) -> None:
+        """reason: "unreachable" (moved to another verifier) or "lost_session" (re-opened in place)."""
+        self.failovers.add(1, {"reason": reason})
+
+
+class VerifierMetrics:
+    """Batches, queue, sessions and evictions of one verifier."""
+
+    def __init__(self, meter: Meter | None = None):
+        m = _meter(meter)
+        self.batch_size = m.create_histogram(
+            "edgespec.verifier.batch_size", "{window}", "windows verified per target forward",
+            explicit_bucket_boundaries_advisory=COUNT_BUCKETS[1:])
+        self.batch_tokens = m.create_histogram(
+            "edgespec.verifier.batch_tokens", "{token}", "tokens fed per target forward",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
+        self.forward_duration = m.create_histogram(
+            "edgespec.verifier.forward_duration", "s", "seconds per target forward (one batch)",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self.windows_waiting = m.create_gauge(
+            "edgespec.verifier.num_windows_waiting", "{window}", "windows queued for a target forward")
+        self.open_sessions = m.create_gauge("edgespec.verifier.open_sessions", "{session}", "sessions held")
+        self.kv_cache = m.create_gauge("edgespec.verifier.kv_cache", "By", "bytes of KV cache held by sessions")
+        self.evictions = m.create_counter(
+            "edgespec.verifier.evictions", "{session}", "KV caches dropped, by reason (ttl | memory)")
+        self.rejected_windows = m.create_counter(
+            "edgespec.verifier.rejected_windows", "{window}", "windows refused, by reason (overload)")
+
+    def batch(self, windows: int, tokens: int, seconds: float, waiting: int) -> None:
+        """One target forward: ``windows`` windows of ``tokens`` tokens in ``seconds``; ``waiting`` still queued."""
+        self.batch_size.record(windows)
+        self.batch_tokens.record(tokens)
+        self.forward_duration.record(seconds)
+        self.windows_waiting.set(waiting)
+
+    def sessions(self, open_sessions: int, kv_cache_bytes: int) -> None:
+        self.open_sessions.set(open_sessions)
+        self.kv_cache.set(kv_cache_bytes)
+
+    def evicted(self, reason: str, sessions: int = 1) -> None:
+        self.evictions.add(sessions, {"reason": reason})
+
+    def rejected(self, reason: str = "overload") -> None:
+        self.rejected_windows.add(1, {"reason": reason})
+
+
+class DrafterMetrics:
+    def __init__(self, meter: Meter | None = None):
+        m = _meter(meter)
+        self.draft_duration = m.create_histogram(
+            "edgespec.drafter.draft_duration", "s", "model seconds per Draft call",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self.drafted_tokens = m.create_counter("edgespec.drafter.drafted_tokens", "{token}", "tokens drafted")
+
+    def draft(self, tokens: int, seconds: float) -> None:
+        self.drafted_tokens.add(tokens)
+        self.draft_duration.record(seconds)

@@ -1,0 +1,1 @@
+"""Training of the shipped weights: AWC (learned window control) and the relaxed verifier's weight head."""
