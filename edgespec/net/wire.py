@@ -6,23 +6,16 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-import numpy as np
-
 from edgespec.verify.sampling import RELAXED_METHODS, Relaxation, SamplingParams, SparseDist
+from edgespec.verify.sampling import float32_decimal as meant
 from edgespec.loop.rounds import Window
 from edgespec.v1 import common_pb2, verifier_pb2
 
 
-def meant(value: float) -> float:
-    """The decimal a float32 field was set from: 0.8 travels as 0.800000011920929; the shortest
-    decimal that rounds to the same float32 is what the sender meant (and what a target-only
-    reference computed with 0.8 uses)."""
-    return float(str(np.float32(value)))
-
-
 def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> SamplingParams:
     """top_p 0 (unset) means 1.0 (a negative one is kept, for check_params to refuse); an absent seed
-    takes ``default_seed``. Float fields are read as the decimals they were set from (``meant``)."""
+    takes ``default_seed``. Float fields are read as the decimals they were set from
+    (``meant``: edgespec.verify.sampling.float32_decimal)."""
     return SamplingParams(temperature=meant(msg.temperature), top_k=int(msg.top_k),
                           top_p=meant(msg.top_p) if msg.top_p != 0 else 1.0,
                           seed=int(msg.seed) if msg.HasField("seed") else default_seed,

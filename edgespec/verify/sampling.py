@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
 import numpy as np
@@ -102,6 +102,23 @@ class SamplingParams:
         if self.coupled:
             raw += GUMBEL.encode()
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
+
+
+def float32_decimal(value: float) -> float:
+    """The decimal a float32 holding ``value`` was set from: 0.8 travels as 0.800000011920929, and the
+    shortest decimal that rounds to the same float32 is what the sender meant (and what a target-only
+    reference computed with 0.8 uses). Idempotent."""
+    return float(str(np.float32(value)))
+
+
+def as_float32(params: SamplingParams) -> SamplingParams:
+    """``params`` as a peer reads them from the wire, whose floats are float32 (each one through
+    ``float32_decimal``): the coordinator's own copy (with a per-task weight it resolved, say) then
+    fingerprints exactly as the drafter's and the verifiers' do."""
+    relax = params.relaxation
+    return replace(params, temperature=float32_decimal(params.temperature), top_p=float32_decimal(params.top_p),
+                   relaxation=replace(relax, weight=float32_decimal(relax.weight),
+                                      margin=float32_decimal(relax.margin)))
 
 
 def check_params(params: SamplingParams) -> None:
