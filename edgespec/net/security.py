@@ -4,8 +4,13 @@ Every call except health and reflection (which probes and load balancers use)
 passes the ``Guard`` interceptor: it finds the caller's identity (a bearer token
 from ``--auth-tokens``, else the client certificate's common name under mutual
 TLS, else "anonymous"), applies the per-identity rate limit, and makes the
-identity visible to the servicer through ``current_identity()``. Servicers bind
-each session to the identity that opened it with ``SessionOwners``.
+identity visible to the servicer through ``current_identity()``. It is also the
+one place of the per-call plumbing every servicer shares: it binds the call's log
+ids (the request's session id, the caller's request id), refuses a request for a
+session another identity owns (``SessionOwners``: servicers claim a session when
+they open it and release it when they close it), and ends the call with the status
+of any ``EdgespecError`` the servicer raises (edgespec.net.rpc's table, with its
+trailing metadata). Servicers only raise.
 
 Per-client limits are for end users; a coordinator is infrastructure. Identities
 listed in ``--service-identities`` are services: their sessions count against
@@ -29,13 +34,16 @@ import logging
 import time
 import urllib.parse
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import grpc
 
 from edgespec import errors
 from edgespec.net import rpc
+from edgespec.observe import logs
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +204,11 @@ class SessionOwners:
         """The limits a ServerSecurity configures."""
         return cls(security.max_sessions_per_client, security.max_sessions_per_service)
 
-    def claim(self, session_id: str, caller: Caller | str) -> bool:
-        """Before opening (or re-opening) a session: reserve it for ``caller`` (a Caller, or a bare identity:
-        an end user). Returns whether the reservation is new (release it if the open then fails)."""
-        caller = caller if isinstance(caller, Caller) else Caller(caller)
+    def claim(self, session_id: str, caller: Caller | str | None = None) -> bool:
+        """Before opening (or re-opening) a session: reserve it for ``caller`` (a Caller, a bare identity: an
+        end user, or by default the caller of the call being served). Returns whether the reservation is new
+        (release it if the open then fails: see ``opening``)."""
+        caller = current_caller() if caller is None else caller if isinstance(caller, Caller) else Caller(caller)
         owner = self._owner.get(session_id)
         if owner is not None:
             self.check(session_id, caller.identity)
@@ -234,6 +243,18 @@ class SessionOwners:
             raise errors.ResourceExhausted(f"{who} has {held} open sessions, the limit is {self.max_per_client} "
                                            f"(--max-sessions-per-client): close one first")
 
+    @contextmanager
+    def opening(self, session_id: str, caller: Caller | str | None = None) -> Iterator[bool]:
+        """Claim ``session_id`` for the open (or re-open) inside the block; a new claim is released again
+        when the block raises an EdgespecError (the open failed: there is no session to own)."""
+        new = self.claim(session_id, caller)
+        try:
+            yield new
+        except errors.EdgespecError:
+            if new:
+                self.release(session_id)
+            raise
+
     def check(self, session_id: str, identity: str) -> None:
         """Before any other use: only the owner may read, drive or close a session.
         An unknown session passes (the engine answers NOT_FOUND)."""
@@ -256,24 +277,26 @@ class SessionOwners:
 
 
 class Guard(grpc.aio.ServerInterceptor):
-    """Authenticate, rate-limit, refuse malformed messages, and set ``current_identity()``, for every
-    call but health and reflection."""
+    """For every call but health and reflection: authenticate, rate-limit and set ``current_identity()``;
+    refuse malformed messages; bind the log ids; refuse a request naming a session another identity owns;
+    and end the call with the status of an EdgespecError the servicer raises (see the module doc)."""
 
     MAX_IGNORED_LOGGED = 1000   # identities whose ignored END_USER_KEY was logged (once each)
 
     def __init__(self, tokens: dict[str, str] | None, mutual_tls: bool, limiter: RateLimiter | None,
-                 services: frozenset[str] = frozenset({ANONYMOUS})):
+                 services: frozenset[str] = frozenset({ANONYMOUS}), owners: SessionOwners | None = None):
         self.tokens = tokens
         self.mutual_tls = mutual_tls
         self.limiter = limiter
         self.services = frozenset(services)   # identities trusted as infrastructure (may name an end user)
+        self.owners = owners                  # the servicer's session owners (None: no session is checked)
         self._ignored: set[str] = set()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
-        return _wrap(handler, self._admit)
+        return _wrap(handler, handler_call_details.method, self._admit, self._accept)
 
     def identify(self, context: grpc.aio.ServicerContext) -> str:
         if self.tokens is not None:
@@ -289,7 +312,8 @@ class Guard(grpc.aio.ServerInterceptor):
             return "cert:" + names[0].decode(errors="replace")
         return ANONYMOUS
 
-    async def _admit(self, context: grpc.aio.ServicerContext) -> None:
+    def _admit(self, context: grpc.aio.ServicerContext) -> str:
+        """Identify and rate-limit the caller, set the identity; return the caller's request id (raises)."""
         try:
             identity = self.identify(context)
             if self.limiter is not None:
@@ -301,9 +325,21 @@ class Guard(grpc.aio.ServerInterceptor):
             caller = self.caller(identity, context)
         except errors.EdgespecError as error:
             log.info("refused a call from %s: %s", context.peer(), error)
-            await rpc.abort(context, error)
+            raise
         _IDENTITY.set(identity)
         _CALLER.set(caller)
+        return logs.request_id_from(context.invocation_metadata())
+
+    def _accept(self, request, request_id: str) -> None:
+        """For the request (or each request of a stream): refuse a malformed one, bind the log ids, and
+        only let the owner use a session (an unknown one passes: its servicer answers NOT_FOUND; an open
+        claims it there)."""
+        if isinstance(request, _Malformed):
+            raise errors.InvalidArgument("request", f"not a valid message: {request.problem}")
+        session_id = getattr(request, "session_id", "")
+        logs.bind(session_id, request_id)
+        if session_id and self.owners is not None:
+            self.owners.check(session_id, _IDENTITY.get())
 
     def caller(self, identity: str, context: grpc.aio.ServicerContext) -> Caller:
         """The Caller: a listed service may name its end user; anyone else's END_USER_KEY is ignored."""
@@ -344,34 +380,38 @@ def _tolerant(deserializer):
     return parse
 
 
-async def _refuse_malformed(request, context) -> None:
-    if isinstance(request, _Malformed):
-        await rpc.abort(context, errors.InvalidArgument("request", f"not a valid message: {request.problem}"))
-
-
-async def _checked(requests, context):
-    async for request in requests:
-        await _refuse_malformed(request, context)
-        yield request
-
-
-def _wrap(handler: grpc.RpcMethodHandler, admit) -> grpc.RpcMethodHandler:
-    """The same handler, with ``await admit(context)`` first (it aborts or sets the identity), and
-    INVALID_ARGUMENT for a request that does not parse (grpc itself answers INTERNAL or UNKNOWN)."""
+def _wrap(handler: grpc.RpcMethodHandler, method: str, admit, accept) -> grpc.RpcMethodHandler:
+    """The same handler, run as ``admit(context)`` (it raises, or sets the identity and returns the
+    request id), ``accept(request, request_id)`` for the request or each request of a stream (INVALID_ARGUMENT
+    for one that does not parse, where grpc itself answers INTERNAL or UNKNOWN), then the servicer's method.
+    An EdgespecError raised by any of them ends the call with its status (rpc.abort)."""
     streaming_in = handler.request_streaming
 
-    async def prepare(request, context):
-        await admit(context)
+    async def each(requests, request_id: str):
+        async for request in requests:
+            accept(request, request_id)
+            yield request
+
+    def prepare(request, context):
+        request_id = admit(context)
         if streaming_in:
-            return _checked(request, context)
-        await _refuse_malformed(request, context)
+            logs.bind("", request_id)
+            return each(request, request_id)
+        accept(request, request_id)
         return request
+
+    async def end(context, error: errors.EdgespecError):
+        log.debug("%s: %s: %s", method, rpc.STATUS_OF.get(type(error), grpc.StatusCode.UNKNOWN).name, error)
+        await rpc.abort(context, error)
 
     if handler.unary_unary or handler.stream_unary:
         inner = handler.unary_unary or handler.stream_unary
 
         async def unary_response(request, context):
-            return await inner(await prepare(request, context), context)
+            try:
+                return await inner(prepare(request, context), context)
+            except errors.EdgespecError as error:
+                await end(context, error)
         behaviour = unary_response
     else:
         inner = handler.unary_stream or handler.stream_stream
@@ -379,8 +419,11 @@ def _wrap(handler: grpc.RpcMethodHandler, admit) -> grpc.RpcMethodHandler:
             raise TypeError(f"streaming handler {inner!r} must be an async generator")
 
         async def stream_response(request, context):
-            async for response in inner(await prepare(request, context), context):
-                yield response
+            try:
+                async for response in inner(prepare(request, context), context):
+                    yield response
+            except errors.EdgespecError as error:
+                await end(context, error)
         behaviour = stream_response
     make = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
@@ -389,9 +432,11 @@ def _wrap(handler: grpc.RpcMethodHandler, admit) -> grpc.RpcMethodHandler:
         response_serializer=handler.response_serializer)
 
 
-def server_parts(security: ServerSecurity) -> tuple[grpc.ServerCredentials | None, list[Guard]]:
-    """(credentials, interceptors) for rpc.create_server; reads the certificate and token files."""
+def server_parts(security: ServerSecurity, owners: SessionOwners | None = None
+                 ) -> tuple[grpc.ServerCredentials | None, list[Guard]]:
+    """(credentials, interceptors) for rpc.create_server; reads the certificate and token files. ``owners``:
+    the servicer's SessionOwners, which the Guard checks every request naming a session against."""
     tokens = load_tokens(security.auth_tokens) if security.auth_tokens else None
     limiter = RateLimiter(security.rate_limit, security.rate_burst) if security.rate_limit else None
     return server_credentials(security), [Guard(tokens, security.tls_client_ca is not None, limiter,
-                                                frozenset(security.service_identities))]
+                                                frozenset(security.service_identities), owners)]

@@ -189,12 +189,12 @@ async def main(config: CoordinatorConfig) -> None:
         verifiers_changed.set()
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
+    owners = SessionOwners.for_security(config.security)   # generations in progress per client identity
     servicer = CoordinatorServicer(tokenizer, drafters, verifier, config.window, config.max_window,
                                    config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
                                    config.auto_policy, config.pipeline, config.on_verifier_loss,
-                                   config.max_unverified, SessionOwners.for_security(config.security),
-                                   router, metrics)
-    credentials, interceptors = server_parts(config.security)
+                                   config.max_unverified, owners, router, metrics)
+    credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
     log.info("drafters %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s",

@@ -129,9 +129,9 @@ async def main(config: DrafterConfig) -> None:
                                                 drafter.idle_ttl_seconds, drafter.forget_after_seconds))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
                                   backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1])
-    servicer = DrafterServicer(engine, worker, info, SessionOwners.for_security(config.security),
-                               DrafterMetrics())
-    credentials, interceptors = server_parts(config.security)
+    owners = SessionOwners.for_security(config.security)   # the servicer claims and releases, the Guard checks
+    servicer = DrafterServicer(engine, worker, info, owners, DrafterMetrics())
+    credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
     log.info("draft %s on %s; idle sessions: KV evicted after %gs, dropped after %gs (0 = never)",

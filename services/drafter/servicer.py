@@ -1,8 +1,9 @@
 """gRPC servicer for the drafter: protobuf in, one engine call, protobuf out.
 
 Draft and OpenSession run in a server span, child of the coordinator's span
-when the call's metadata carries one; every call's logs carry its session id
-(and the coordinator's request id).
+when the call's metadata carries one. The Guard interceptor (edgespec.net.security)
+binds every call's log ids, lets only a session's owner use it, and turns the
+EdgespecError a method raises into its status.
 """
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import logging
 
 import grpc
 
-from edgespec.observe import logs, tracing
-from edgespec.net import rpc
+from edgespec.observe import tracing
 from edgespec.engines.drafter import DrafterEngine
-from edgespec.errors import EdgespecError
 from edgespec.observe.metrics import DrafterMetrics
-from edgespec.net.security import SessionOwners, current_caller, current_identity
+from edgespec.net.security import SessionOwners
 from edgespec.v1 import drafter_pb2 as pb
 from edgespec.net.wire import dists_to_pb, params_from_pb
 from edgespec.v1 import drafter_pb2_grpc
@@ -38,51 +37,31 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return self.info
 
     async def OpenSession(self, request: pb.DrafterOpenRequest, context):
-        new = False
-        with _call_span("drafter.open_session", request.session_id, context, {"edgespec.tokens": len(request.tokens)}):
-            try:
-                new = self.owners.claim(request.session_id, current_caller())
-                position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
-                                                     params_from_pb(request.sampling), request.q_ids)
-            except EdgespecError as error:
-                if new:
-                    self.owners.release(request.session_id)
-                await rpc.abort(context, error)
+        with (_call_span("drafter.open_session", request.session_id, context, {"edgespec.tokens": len(request.tokens)}),
+              self.owners.opening(request.session_id)):
+            position, _ = await self.worker.call(self.engine.open, request.session_id, list(request.tokens),
+                                                 params_from_pb(request.sampling), request.q_ids)
         log.info("session %s opened at position %d", request.session_id, position)
         return pb.DrafterOpenResponse(committed_position=position)
 
     async def Draft(self, request: pb.DraftRequest, context):
         with _call_span("drafter.draft", request.session_id, context,
                         {"edgespec.k": request.k, "edgespec.base_position": request.base_position}) as span:
-            try:
-                self.owners.check(request.session_id, current_identity())
-                proposal, _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
-                                                     list(request.append), request.k)
-            except EdgespecError as error:
-                await rpc.abort(context, error)
+            proposal, _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
+                                                 list(request.append), request.k)
             span.set_attribute("edgespec.draft_seconds", proposal.seconds)
         self.metrics.draft(len(proposal.tokens), proposal.seconds)
         return pb.DraftResponse(tokens=proposal.tokens, draft_seconds=proposal.seconds, probs=dists_to_pb(proposal.q))
 
     async def Crop(self, request: pb.CropRequest, context):
-        _bind(request.session_id, context)
-        try:
-            self.owners.check(request.session_id, current_identity())
-            position, _ = await self.worker.call(self.engine.crop, request.session_id, request.position)
-        except EdgespecError as error:
-            await rpc.abort(context, error)
+        position, _ = await self.worker.call(self.engine.crop, request.session_id, request.position)
         return pb.CropResponse(committed_position=position)
 
     async def CloseSession(self, request: pb.DrafterCloseRequest, context):
-        _bind(request.session_id, context)
         try:
-            self.owners.check(request.session_id, current_identity())
-            try:
-                await self.worker.call(self.engine.close, request.session_id)
-            finally:
-                self.owners.release(request.session_id)
-        except EdgespecError as error:
-            await rpc.abort(context, error)
+            await self.worker.call(self.engine.close, request.session_id)
+        finally:
+            self.owners.release(request.session_id)
         log.info("session %s closed", request.session_id)
         return pb.DrafterCloseResponse()
 
@@ -104,13 +83,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return evicted.kv_dropped, evicted.forgotten
 
 
-def _bind(session_id: str, context) -> None:
-    logs.bind(session_id, logs.request_id_from(context.invocation_metadata()))
-
-
 def _call_span(name: str, session_id: str, context, attributes: dict):
-    """Bind the call's log ids and open its server span (child of the caller's, from the metadata)."""
-    _bind(session_id, context)
+    """The call's server span (child of the caller's, from the metadata)."""
     return tracing.server_span(name, tracing.incoming_carrier(context.invocation_metadata()),
                                {tracing.SESSION_ID: session_id, **attributes})
 

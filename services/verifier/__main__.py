@@ -109,9 +109,10 @@ async def main(config: VerifierConfig) -> None:
     target, _ = await worker.call(load_lm, service.model, service.device, service.dtype)
     engine = VerifierEngine(target, eos_ids(target), config.limits)
     scheduler = VerifyScheduler(engine, worker, config.batch)
+    owners = SessionOwners.for_security(service.security)   # the servicer claims and releases, the Guard checks
     servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device), service.dtype,
-                                SessionOwners.for_security(service.security), metrics)
-    credentials, interceptors = server_parts(service.security)
+                                owners, metrics)
+    credentials, interceptors = server_parts(service.security, owners)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
                                              service.security.max_message_bytes, credentials, interceptors)
     log.info("target %s on %s, eos %s; batches of up to %d windows (wait <= %.0f ms and <= %.2f of a forward), "

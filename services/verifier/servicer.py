@@ -1,7 +1,9 @@
 """gRPC servicer for the verifier: protobuf in, one engine call, protobuf out.
 
 Windows go through the batching scheduler (edgespec.engines.batching); opens, closes
-and the idle sweep go straight to the model worker.
+and the idle sweep go straight to the model worker. The Guard interceptor
+(edgespec.net.security) binds every call's (and every window's) log ids, lets only
+a session's owner use it, and turns the EdgespecError a method raises into its status.
 """
 from __future__ import annotations
 
@@ -10,12 +12,11 @@ import logging
 
 import grpc
 
-from edgespec.observe import logs, tracing
-from edgespec.net import rpc
+from edgespec.observe import tracing
 from edgespec.engines.batching import BatchDone, VerifyScheduler
 from edgespec.errors import EdgespecError
 from edgespec.observe.metrics import VerifierMetrics
-from edgespec.net.security import SessionOwners, current_caller, current_identity
+from edgespec.net.security import SessionOwners
 from edgespec.v1 import verifier_pb2 as pb
 from edgespec.net.wire import dists_from_pb, params_from_pb
 from edgespec.v1 import verifier_pb2_grpc
@@ -44,45 +45,35 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         return self.info
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context):
-        logs.bind(request.session_id, logs.request_id_from(context.invocation_metadata()))
-        new = False
-        with tracing.server_span("verifier.open_session", tracing.incoming_carrier(context.invocation_metadata()),
-                                 {tracing.SESSION_ID: request.session_id, "edgespec.tokens": len(request.tokens)}):
-            try:
-                new = self.owners.claim(request.session_id, current_caller())
-                (seconds, usage), _ = await self.worker.call(self._open, request.session_id, list(request.tokens),
-                                                             params_from_pb(request.sampling))
-            except EdgespecError as error:
-                if new:
-                    self.owners.release(request.session_id)
-                await rpc.abort(context, error)
+        with (tracing.server_span("verifier.open_session", tracing.incoming_carrier(context.invocation_metadata()),
+                                  {tracing.SESSION_ID: request.session_id, "edgespec.tokens": len(request.tokens)}),
+              self.owners.opening(request.session_id)):
+            (seconds, usage), _ = await self.worker.call(self._open, request.session_id, list(request.tokens),
+                                                         params_from_pb(request.sampling))
         self._usage(usage)
         log.info("session %s opened: %d tokens prefilled in %.3fs", request.session_id, len(request.tokens), seconds)
         return pb.OpenSessionResponse(committed_position=len(request.tokens), prefill_seconds=seconds)
 
     async def VerifyStream(self, request_iterator, context):
-        request_id = logs.request_id_from(context.invocation_metadata())
         self.scheduler.streams += 1
         try:
             async for window in request_iterator:
-                logs.bind(window.session_id, request_id)
-                yield await self._verify(window, context)
+                yield await self._verify(window)
         finally:
             self.scheduler.streams -= 1
 
-    async def _verify(self, window: pb.Window, context) -> pb.Verdict:
+    async def _verify(self, window: pb.Window) -> pb.Verdict:
         with tracing.server_span("verifier.verify", dict(window.trace_context), {
                 tracing.SESSION_ID: window.session_id, "edgespec.window_seq": window.window_seq,
                 "edgespec.k": len(window.draft_tokens)}) as span:
             try:
-                self.owners.check(window.session_id, current_identity())
                 result, depth = await self.scheduler.verify(WindowRequest(
                     window.session_id, window.base_position, tuple(window.draft_tokens),
                     tuple(dists_from_pb(window.draft_probs)), window.params_fingerprint,
                     window.parent_token if window.optimistic else None))
             except EdgespecError as error:
                 log.info("window %d of session %s rejected: %s", window.window_seq, window.session_id, error)
-                await rpc.abort(context, error)
+                raise
             span.set_attributes({"edgespec.batch_size": result.batch_size, "edgespec.queue_depth": depth,
                                  "edgespec.verify_seconds": result.verify_seconds})
         verdict = result.verdict
@@ -94,16 +85,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                           target_logprob=verdict.target_logprob if verdict else 0.0)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
-        logs.bind(request.session_id, logs.request_id_from(context.invocation_metadata()))
         try:
-            self.owners.check(request.session_id, current_identity())
-            try:
-                usage, _ = await self.worker.call(self._close, request.session_id)
-                self._usage(usage)
-            finally:
-                self.owners.release(request.session_id)
-        except EdgespecError as error:
-            await rpc.abort(context, error)
+            usage, _ = await self.worker.call(self._close, request.session_id)
+            self._usage(usage)
+        finally:
+            self.owners.release(request.session_id)
         log.info("session %s closed", request.session_id)
         return pb.CloseSessionResponse()
 
