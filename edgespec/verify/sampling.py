@@ -164,30 +164,31 @@ def uniform(seed: int, position: int, purpose: str) -> float:
     return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
 
 
-def gumbel_noise(seed: int, position: int, size: int) -> np.ndarray:
-    """Gumbel(0, 1) noise [size] (float64) determined by (seed, position), the same on every machine.
+def race_times(seed: int, position: int, size: int) -> np.ndarray:
+    """Exponential(1) "arrival times" [size] (float64, > 0) determined by (seed, position), the same on every
+    machine: the coupled sampler's noise. argmax(p / E) is the Gumbel-max trick argmax(log p + g) with
+    g = -log E, at one logarithm per token instead of two.
 
     A counter-based generator (Philox) keyed by a hash of (seed, position): the first n values do not
     depend on ``size``, so a draft and a target with different vocabulary sizes share their noise.
     """
     digest = hashlib.blake2b(f"{seed}:{position}:{GUMBEL}".encode(), digest_size=16).digest()
     u = np.random.Generator(np.random.Philox(key=int.from_bytes(digest, "little"))).random(size)
-    with np.errstate(divide="ignore"):
-        return -np.log(-np.log(u))   # u = 0 (p = 2**-53) gives -inf: never chosen
+    times = -np.log1p(-u)
+    times[times == 0.0] = np.finfo(np.float64).tiny   # u = 0 (p = 2**-53): never 0/0
+    return times
 
 
 def coupled_choice(probs: np.ndarray, seed: int, position: int) -> int:
-    """argmax(log probs + g) with the Gumbel noise g of (seed, position): an exact sample from probs [V]."""
-    with np.errstate(divide="ignore"):
-        scores = np.log(probs) + gumbel_noise(seed, position, probs.shape[-1])
-    return int(np.argmax(scores))
+    """argmax(probs / E) with the race times E of (seed, position): an exact sample from probs [V]."""
+    return int(np.argmax(probs / race_times(seed, position, probs.shape[-1])))
 
 
 def verify_coupled(draft: Sequence[int], p: np.ndarray, seed: int, base_position: int,
                    eos_ids: Collection[int] = ()) -> Verdict:
-    """The coupled sampler's verification: the greedy rule against argmax(log p + g) per position.
+    """The coupled sampler's verification: the greedy rule against argmax(p / E) per position.
 
-    draft: [k] proposed ids (the drafter's argmax(log q + g)); p: [k + 1, V] warped target probabilities.
+    draft: [k] proposed ids (the drafter's argmax(q / E)); p: [k + 1, V] warped target probabilities.
     """
     if p.shape[0] != len(draft) + 1:
         raise ValueError(f"p has {p.shape[0]} rows, expected k + 1 = {len(draft) + 1}")

@@ -14,11 +14,12 @@ from edgespec.errors import InvalidArgument
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
 from edgespec.verify.relaxed import Relaxation
-from edgespec.verify.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, gumbel_noise, verify_coupled,
+from edgespec.verify.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, race_times, verify_coupled,
                                warp)
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
 from tests.stats import chi2_critical, chi_square_gof
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_coupled, tiny
@@ -28,12 +29,12 @@ PROMPT = list(b"def fib(n):")
 
 
 def test_noise_is_a_function_of_seed_and_position_and_does_not_depend_on_the_vocabulary_size():
-    a = gumbel_noise(7, 12, 1000)
-    assert np.array_equal(a, gumbel_noise(7, 12, 1000))
-    assert np.array_equal(a[:300], gumbel_noise(7, 12, 300))        # a smaller draft vocabulary shares it
-    assert not np.array_equal(a, gumbel_noise(7, 13, 1000))
-    assert not np.array_equal(a, gumbel_noise(8, 12, 1000))
-    assert abs(a.mean() - 0.5772) < 0.1 and abs(a.std() - np.pi / np.sqrt(6)) < 0.1   # Gumbel(0, 1)
+    a = race_times(7, 12, 1000)
+    assert np.array_equal(a, race_times(7, 12, 1000))
+    assert np.array_equal(a[:300], race_times(7, 12, 300))        # a smaller draft vocabulary shares it
+    assert not np.array_equal(a, race_times(7, 13, 1000))
+    assert not np.array_equal(a, race_times(8, 12, 1000))
+    assert (a > 0).all() and abs(a.mean() - 1.0) < 0.1 and abs(a.std() - 1.0) < 0.1   # Exponential(1)
 
 
 def test_gumbel_max_is_an_exact_sample_and_a_biased_variant_fails_the_same_test():
@@ -42,9 +43,9 @@ def test_gumbel_max_is_an_exact_sample_and_a_biased_variant_fails_the_same_test(
     counts = np.bincount([coupled_choice(p, seed, 3) for seed in range(trials)], minlength=len(p))
     statistic, df = chi_square_gof(counts, p)
     assert statistic < chi2_critical(df)
-    # Noise at half scale (a plausible bug) sharpens the distribution: rejected.
-    biased = np.bincount([int(np.argmax(np.log(p + 1e-300) + 0.5 * gumbel_noise(seed, 3, len(p))))
-                          for seed in range(trials)], minlength=len(p))
+    # Noise at half scale (argmax(log p + g / 2), a plausible bug) sharpens the distribution: rejected.
+    biased = np.bincount([int(np.argmax(p / np.sqrt(race_times(seed, 3, len(p))))) for seed in range(trials)],
+                         minlength=len(p))
     statistic, df = chi_square_gof(biased, p)
     assert statistic > chi2_critical(df)
 
