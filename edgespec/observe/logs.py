@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Sequence
@@ -39,6 +40,33 @@ def request_id_from(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
         if key == REQUEST_ID_KEY and isinstance(value, str):
             return value
     return ""
+
+
+class LogThrottle:
+    """At most one record per key and interval for a problem that repeats (no verifier reachable: every
+    request fails the same way, as often as clients retry); the next record says how many were held back,
+    and those go to DEBUG meanwhile."""
+
+    MAX_KEYS = 1000
+
+    def __init__(self, interval_seconds: float = 30.0, clock=time.monotonic):
+        self.interval = interval_seconds
+        self.clock = clock
+        self._last: dict[str, tuple[float, int]] = {}   # key -> (when last logged, records held back since)
+
+    def log(self, logger: logging.Logger, level: int, key: str, message: str, *args) -> None:
+        now = self.clock()
+        at, held = self._last.get(key, (None, 0))
+        if at is not None and now - at < self.interval:
+            self._last[key] = (at, held + 1)
+            logger.debug(message, *args)
+            return
+        if held:
+            message, args = message + " (%d more like it in the last %.0fs)", (*args, held, now - at)
+        if len(self._last) >= self.MAX_KEYS and key not in self._last:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        logger.log(level, message, *args)
 
 
 class ContextFilter(logging.Filter):

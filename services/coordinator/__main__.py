@@ -8,6 +8,7 @@ import argparse
 import logging
 from dataclasses import dataclass
 
+from edgespec.loop.generation import GenerationConfig
 from edgespec.observe import logs
 from edgespec.net import rpc
 from edgespec.net.security import ServerSecurity
@@ -25,17 +26,9 @@ class CoordinatorConfig:
     drafters: dict[str, str]   # drafter name -> host:port; more than one = the router picks per request
     verifiers: tuple[str, ...] # verifier pool, host:port each
     tokenizer: str             # "target"/"draft" (packaged pair), "bytes" (tiny test models) or a directory
-    window: int                # default draft window k, tokens (0 = target-only, -1 = adaptive goodput policy)
-    auto_max_window: int       # largest window the adaptive policy considers, tokens
-    auto_policy: str           # adaptive policy: "goodput" | "heuristic" (+2 / -1) | "awc" (learned)
-    max_window: int            # largest window a request may ask for, tokens
-    max_new_tokens: int        # largest max_new_tokens a request may ask for, tokens
-    max_prompt_tokens: int     # largest prompt after templating, tokens
+    generation: GenerationConfig  # windows, limits, pipelining, on verifier loss (edgespec.loop.generation)
     q_ids: int                 # sampling: ids of q sent per draft token (0 = deterministic drafting)
     deadline_seconds: float    # deadline on every drafter / verifier call, seconds
-    pipeline: bool             # draft ahead and send optimistic windows while a window is in flight
-    on_verifier_loss: str      # "fail" | "draft-only": what to do when no verifier is reachable
-    max_unverified: int        # draft-only: unverified tokens allowed ahead of the verified output
     failover_deadline_seconds: float  # how long to look for a verifier before on_verifier_loss applies
     ban_seconds: float         # first ban of a failed verifier; doubles per consecutive failure
     max_ban_seconds: float     # ban cap
@@ -127,11 +120,11 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     if not verifiers or len(set(verifiers)) != len(verifiers):
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
     drafters = parse_drafters(parser, a.drafter)
-    return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, a.window, a.auto_max_window, a.auto_policy, a.max_window,
-                             a.max_new_tokens, a.max_prompt_tokens, a.q_ids, a.deadline, a.pipeline == "on",
-                             a.on_verifier_loss, a.max_unverified_tokens, a.failover_deadline, a.ban, a.max_ban, a.grace,
-                             security_config(parser, a), upstream_security, observability_config(parser, a),
-                             a.router_weights)
+    generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
+                                  a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens)
+    return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
+                             a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
+                             upstream_security, observability_config(parser, a), a.router_weights)
 
 
 def parse_drafters(parser, value: str) -> dict[str, str]:
@@ -190,18 +183,16 @@ async def main(config: CoordinatorConfig) -> None:
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
     owners = SessionOwners.for_security(config.security)   # generations in progress per client identity
-    servicer = CoordinatorServicer(tokenizer, drafters, verifier, config.window, config.max_window,
-                                   config.max_new_tokens, config.max_prompt_tokens, config.auto_max_window,
-                                   config.auto_policy, config.pipeline, config.on_verifier_loss,
-                                   config.max_unverified, owners, router, metrics)
+    servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics)
     credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
+    generation = config.generation
     log.info("drafters %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s",
              ", ".join(f"{name}={address}" for name, address in config.drafters.items()),
-             ", ".join(config.verifiers), "auto" if config.window < 0 else config.window,
-             "on" if config.pipeline else "off", config.on_verifier_loss)
-    if config.on_verifier_loss == "fail":   # draft-only still serves (unverified text) without a verifier
+             ", ".join(config.verifiers), "auto" if generation.default_window < 0 else generation.default_window,
+             "on" if generation.pipeline else "off", generation.on_verifier_loss)
+    if generation.on_verifier_loss == "fail":   # draft-only still serves (unverified text) without a verifier
         watchers.append(asyncio.ensure_future(follow_verifier_health(
             health, [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name, ""], pool,
             verifiers_changed)))

@@ -19,3 +19,118 @@ def test_as_float32_is_what_a_peer_reads_from_the_wire():
         assert as_float32(as_float32(params)) == as_float32(params)
         assert as_float32(params).fingerprint() == params_from_pb(params_to_pb(params)).fingerprint()
     assert float32_decimal(0.8) == 0.8 and float32_decimal(0.123456789) == 0.12345679
+
+
+# -- the generation, on tiny models in process ------------------------------------------------------------
+
+import asyncio  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
+from edgespec.backends.registry import TINY_EOS  # noqa: E402
+from edgespec.backends.tokenizer import TextStream, load_tokenizer  # noqa: E402
+from edgespec.engines.drafter import DrafterEngine  # noqa: E402
+from edgespec.engines.verifier import VerifierEngine  # noqa: E402
+from edgespec.errors import InvalidArgument, ResourceExhausted  # noqa: E402
+from edgespec.loop.failover import FailoverVerifier  # noqa: E402
+from edgespec.loop.generation import (GenerationConfig, GenerationRequest, Generations,  # noqa: E402
+                                      GenerationStats, TextChunk)
+from edgespec.loop.pool import VerifierPool  # noqa: E402
+from edgespec.net.security import SessionOwners  # noqa: E402
+from edgespec.v1 import coordinator_pb2  # noqa: E402
+from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny  # noqa: E402
+
+TARGET, DRAFT = "tiny:7", "tiny:7~1"
+PROMPT = "def add(a, b):"
+
+
+class Endpoint(InProcessVerifier):
+    """An in-process verifier that also answers Info, and records the params it was opened with."""
+
+    def __init__(self, engine, address="in-process"):
+        super().__init__(engine, address)
+        self.opened = []
+
+    async def info(self):
+        return SimpleNamespace(vocab_size=tiny(TARGET).vocab_size, eos_token_ids=[TINY_EOS])
+
+    async def open(self, session_id, tokens, params=None):
+        self.opened.append(params)
+        await super().open(session_id, tokens, params)
+
+
+def generations(config=GenerationConfig(default_window=3, max_window=8, max_new_tokens=64), slots=None):
+    endpoint = Endpoint(VerifierEngine(tiny(TARGET), [TINY_EOS]))
+    verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
+    tokenizer = load_tokenizer("bytes")
+    return Generations(config, tokenizer, lambda: TextStream(tokenizer),
+                       {"draft": InProcessDrafter(DrafterEngine(tiny(DRAFT)))}, verifier, slots), endpoint
+
+
+def collect(gen, request, session_id="s1"):
+    async def go():
+        return [event async for event in gen.run(session_id, request)]
+    return asyncio.run(go())
+
+
+def test_a_generation_is_the_targets_greedy_output_with_its_text_and_stats():
+    owners = SessionOwners(1)
+    gen, _ = generations(slots=owners)
+    events = collect(gen, GenerationRequest(PROMPT, 40))
+    *chunks, stats = events
+    assert all(isinstance(c, TextChunk) for c in chunks) and isinstance(stats, GenerationStats)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == target_only_greedy(TARGET, list(PROMPT.encode()), 40)
+    assert "".join(c.text for c in chunks) == load_tokenizer("bytes").decode(tokens)
+    sizes = [len(c.token_ids) for c in chunks if c.token_ids]
+    assert [c.position for c in chunks if c.token_ids] == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert all(c.generated == c.position + len(c.token_ids) for c in chunks)
+    assert (stats.new_tokens, stats.prompt_tokens, stats.verification, stats.drafter) == (
+        len(tokens), len(PROMPT), "greedy", "draft")
+    assert stats.rounds >= 1 and stats.finish_reason in ("eos", "length") and not stats.pipelined
+    assert owners.open_sessions("anonymous") == 0       # the slot is free again before the stats are seen
+    # The servicer builds protobuf's messages from these by field name.
+    assert {f.name for f in coordinator_pb2.GenerationStats.DESCRIPTOR.fields} == set(GenerationStats.__dataclass_fields__)
+    assert {f.name for f in coordinator_pb2.TokenChunk.DESCRIPTOR.fields} == set(TextChunk.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("request_,field", [
+    (GenerationRequest("  ", 4), "prompt"),
+    (GenerationRequest(PROMPT, 0), "max_new_tokens"),
+    (GenerationRequest(PROMPT, 65), "max_new_tokens"),
+    (GenerationRequest(PROMPT, 4, window=9), "window"),
+    (GenerationRequest(PROMPT, 4, params=SamplingParams(temperature=-1)), "temperature"),
+    (GenerationRequest("x" * 100, 4), "prompt"),
+    (GenerationRequest(PROMPT, 4, resume=(1, 2, 3, 4)), "resume_token_ids"),
+    (GenerationRequest(PROMPT, 4, resume=(TINY_EOS,)), "resume_token_ids"),
+    (GenerationRequest(PROMPT, 4, resume=(10 ** 6,)), "resume_token_ids"),
+], ids=["empty", "zero", "over-limit", "window", "temperature", "long-prompt", "resume-length", "resume-eos",
+        "resume-vocab"])
+def test_invalid_requests_are_refused_before_taking_a_slot(request_, field):
+    owners = SessionOwners(1)
+    gen, endpoint = generations(GenerationConfig(max_window=8, max_new_tokens=64, max_prompt_tokens=50), owners)
+    with pytest.raises(InvalidArgument, match=field):
+        collect(gen, request_)
+    assert owners.open_sessions("anonymous") == 0 and endpoint.opened == []
+
+
+def test_a_client_past_its_slots_is_refused_after_validation():
+    owners = SessionOwners(1)
+    owners.claim("elsewhere")
+    gen, endpoint = generations(slots=owners)
+    with pytest.raises(InvalidArgument):
+        collect(gen, GenerationRequest("", 4))     # the request's fault is reported first
+    with pytest.raises(ResourceExhausted):
+        collect(gen, GenerationRequest(PROMPT, 4))
+    assert endpoint.opened == []
+
+
+def test_a_per_task_weight_is_resolved_and_read_as_the_peers_read_it():
+    gen, endpoint = generations()
+    relaxed = SamplingParams(relaxation=Relaxation("diversed", task="auto"))
+    *_, stats = collect(gen, GenerationRequest(PROMPT, 8, params=relaxed))
+    [opened] = endpoint.opened
+    assert opened.relaxation.task == "code" and opened.relaxation.weight > 0
+    assert opened == as_float32(opened) == params_from_pb(params_to_pb(opened))
+    assert stats.lossy and stats.verification.startswith("relaxed-diversed(task code")

@@ -27,6 +27,7 @@ from edgespec.net import rpc
 from edgespec.backends.registry import TINY_EOS
 from edgespec.engines.drafter import DrafterEngine
 from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.generation import GenerationConfig
 from edgespec.observe.metrics import CoordinatorMetrics, DrafterMetrics, VerifierMetrics
 from edgespec.loop.pool import VerifierPool
 from edgespec.loop.rounds import Window
@@ -240,8 +241,8 @@ def test_a_generation_over_grpc_is_one_trace_across_the_services(spans, meter):
         failover = FailoverVerifier(VerifierPool([verifier_address]),
                                     {verifier_address: GrpcVerifier(verifier_address, 30)}, 5, coordinator_metrics)
         coordinator_server, coordinator_address = await start(register_coordinator(CoordinatorServicer(
-            load_tokenizer("bytes"), {"draft": GrpcDrafter(drafter_address, 30)}, failover, 3, 8, 200, 4096,
-            metrics=coordinator_metrics)))
+            GenerationConfig(default_window=3, max_window=8, max_new_tokens=200), load_tokenizer("bytes"),
+            {"draft": GrpcDrafter(drafter_address, 30)}, failover, metrics=coordinator_metrics)))
         try:
             async with grpc.aio.insecure_channel(coordinator_address) as channel:
                 with tracing.tracer().start_as_current_span("client"):
@@ -256,7 +257,7 @@ def test_a_generation_over_grpc_is_one_trace_across_the_services(spans, meter):
         return events, echoed
 
     try:
-        with Records("services.coordinator.servicer") as records:
+        with Records("edgespec.loop.generation") as records:
             events, echoed = asyncio.run(go())
     finally:
         worker.shutdown()

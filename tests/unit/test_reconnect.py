@@ -72,7 +72,7 @@ def test_the_coordinator_logs_a_repeated_failure_once_per_interval(caplog):
     """The other side of a client retrying: the coordinator's warning for it is not repeated every try."""
     import logging
 
-    from services.coordinator.servicer import LogThrottle
+    from edgespec.observe.logs import LogThrottle
     now = [0.0]
     throttle = LogThrottle(30, clock=lambda: now[0])
     logger = logging.getLogger("test.throttle")

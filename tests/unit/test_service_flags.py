@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from bench.cluster import REPO_ROOT
+from edgespec.loop.generation import GenerationConfig
 from services.coordinator.__main__ import parse_args as coordinator_args
 from services.drafter.__main__ import parse_args as drafter_args
 from services.verifier.__main__ import parse_args as verifier_args
@@ -18,13 +19,16 @@ def test_defaults():
     d = drafter_args([])
     assert (d.service.port, d.service.model, d.service.device, d.quantize) == (50062, "draft", "cpu", "auto")
     c = coordinator_args([])
-    assert (c.port, c.window, c.verifiers, c.drafters) == (50051, -1, ("127.0.0.1:50061",), {"draft": "127.0.0.1:50062"})
-    assert (c.pipeline, c.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
+    assert (c.port, c.generation.default_window, c.verifiers, c.drafters) == (50051, -1, ("127.0.0.1:50061",),
+                                                                             {"draft": "127.0.0.1:50062"})
+    assert (c.generation.pipeline, c.generation.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
+    assert c.generation == GenerationConfig()   # the library's defaults are the flags' defaults
 
 
 def test_coordinator_takes_a_verifier_pool():
     c = coordinator_args(["--verifier", "10.0.0.1:1, 10.0.0.2:2", "--pipeline", "on", "--on-verifier-loss", "draft-only"])
-    assert c.verifiers == ("10.0.0.1:1", "10.0.0.2:2") and c.pipeline and c.on_verifier_loss == "draft-only"
+    assert c.verifiers == ("10.0.0.1:1", "10.0.0.2:2") and c.generation.pipeline
+    assert c.generation.on_verifier_loss == "draft-only"
 
 
 def test_environment_overrides_defaults_and_flags_override_environment(monkeypatch):
@@ -37,7 +41,8 @@ def test_environment_overrides_defaults_and_flags_override_environment(monkeypat
     assert verifier_args([]).batch.max_batch == 1
     assert verifier_args(["--port", "7000"]).service.port == 7000
     assert drafter_args([]).quantize == "none"
-    assert coordinator_args([]).window == 3 and coordinator_args(["--window", "auto"]).window == -1
+    assert coordinator_args([]).generation.default_window == 3
+    assert coordinator_args(["--window", "auto"]).generation.default_window == -1
 
 
 def test_bad_flag_values_exit_with_usage():
@@ -122,10 +127,10 @@ def test_environment_values_of_every_type_and_the_command_line_over_them(monkeyp
     assert d.backend == "ngram" and d.service.observability.log_format == "json"
     assert drafter_args(["--backend", "torch", "--log-format", "text"]).backend == "torch"
     c = coordinator_args([])
-    assert c.pipeline and c.deadline_seconds == 7.5 and c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
+    assert c.generation.pipeline and c.deadline_seconds == 7.5 and c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
     assert c.observability.log_level == "warning"
     c = coordinator_args(["--pipeline", "off", "--deadline", "3", "--log-level", "info"])
-    assert not c.pipeline and c.deadline_seconds == 3.0 and c.observability.log_level == "info"
+    assert not c.generation.pipeline and c.deadline_seconds == 3.0 and c.observability.log_level == "info"
     # A bad value on the command line is an error even with a good one in the environment.
     with pytest.raises(SystemExit) as raised:
         coordinator_args(["--deadline", "soon"])

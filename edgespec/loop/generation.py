@@ -1,0 +1,349 @@
+"""One generation, end to end: validate -> open -> speculate -> GenerationStats.
+
+The coordinator's use case without its transport. The Generate servicer
+(services/coordinator/servicer.py) turns the request into a GenerationRequest,
+streams what ``Generations.run`` yields as protobuf, and does nothing else.
+Here: the request against the coordinator's limits, the sampling parameters (a
+per-task relaxed weight resolved from the prompt), the prompt's tokens, the
+window policy, the drafter (the only one, or the router's pick), the costs
+earlier sessions measured, the round loop, the text, closing both sides, and
+the generation's stats, metrics, span attributes and log lines.
+
+Ports, wired by the service: the tokenizer and an incremental detokenizer
+(edgespec.backends.tokenizer), the drafters and the failover verifier (gRPC
+clients in the service, in-process engines in tests), and the generation slots
+of the calling client (the service's SessionOwners). Errors are raised as
+EdgespecError; the service's interceptor turns them into statuses.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Mapping, Protocol, Sequence
+
+from opentelemetry import trace
+
+from edgespec.control.awc import AwcWindow
+from edgespec.control.categories import resolve_task
+from edgespec.control.router import Router, SessionRouting, request_features
+from edgespec.control.telemetry import Telemetry
+from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
+from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.routed_drafter import RoutedDrafter
+from edgespec.loop.rounds import DrafterPort
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.observe.logs import LogThrottle
+from edgespec.observe.metrics import CoordinatorMetrics
+from edgespec.verify.relaxed import WeightHead, load_head
+from edgespec.verify.sampling import SamplingParams, as_float32, check_params
+
+log = logging.getLogger(__name__)
+
+AUTO_POLICIES = ("goodput", "heuristic", "awc")
+ON_VERIFIER_LOSS = ("fail", "draft-only")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationConfig:
+    """The coordinator's generation settings (its flags; the defaults are theirs)."""
+    default_window: int = -1       # window of a request asking for -1, tokens: -1 = adaptive, 0 = target-only
+    max_window: int = 16           # largest window a request may ask for, and the most one draft call asks for, tokens
+    max_new_tokens: int = 2048     # largest max_new_tokens a request may ask for, tokens
+    max_prompt_tokens: int = 4096  # largest prompt after templating, tokens
+    auto_max_window: int = 4       # largest window the adaptive policy considers, tokens
+    auto_policy: str = "goodput"   # adaptive policy: "goodput" | "heuristic" (+2 / -1) | "awc" (learned)
+    pipeline: bool = False         # draft the next window while one is in flight and send it as an optimistic window
+    on_verifier_loss: str = "fail" # no verifier reachable: "fail" (Unavailable) | "draft-only" (unverified tokens)
+    max_unverified: int = 256      # draft-only: unverified tokens allowed ahead of the verified ones, tokens
+
+    def __post_init__(self):
+        if self.auto_policy not in AUTO_POLICIES:
+            raise ValueError(f"auto_policy must be one of {', '.join(AUTO_POLICIES)}, got {self.auto_policy!r}")
+        if self.on_verifier_loss not in ON_VERIFIER_LOSS:
+            raise ValueError(f"on_verifier_loss must be one of {', '.join(ON_VERIFIER_LOSS)}, "
+                             f"got {self.on_verifier_loss!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    prompt: str                    # user text; must not be empty after stripping whitespace
+    max_new_tokens: int            # tokens to generate, resumed ones included: 1..GenerationConfig.max_new_tokens
+    window: int = -1               # draft window, tokens: 0 = target-only, -1 = GenerationConfig.default_window
+    chat: bool = False             # wrap the prompt in the model's chat template (one user turn)
+    params: SamplingParams = SamplingParams()   # as asked (checked here); the seed is already chosen
+    resume: tuple[int, ...] = ()   # token ids an earlier, interrupted call committed; taken as committed
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """Tokens one round committed (or drafted, unverified), with their text. Fields as protobuf's TokenChunk."""
+    token_ids: Sequence[int]       # token ids, in order; empty only for the text held back until the end
+    text: str                      # the text they add (UTF-8; "" while a multi-byte character is incomplete)
+    generated: int                 # generated tokens after this chunk, unverified ones included, tokens
+    position: int                  # index in the generated tokens of this chunk's first token
+    unverified: bool = False       # drafter tokens no verifier has checked (draft-only mode): may be replaced
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    """How a generation went. Fields as protobuf's GenerationStats (edgespec/v1/coordinator.proto)."""
+    prompt_tokens: int             # tokens in the (templated) prompt
+    new_tokens: int                # tokens generated (resumed ones included)
+    rounds: int                    # windows verified
+    drafted_tokens: int            # draft tokens proposed in all rounds
+    accepted_tokens: int           # draft tokens the verifier accepted
+    acceptance_rate: float         # accepted_tokens / drafted_tokens (0 if none drafted)
+    mean_accepted_length: float    # tokens committed per round: (accepted + rounds) / rounds
+    seconds: float                 # wall time from request to last token, seconds
+    tokens_per_second: float       # new_tokens / seconds
+    draft_seconds: float           # waiting on the drafter, seconds
+    verify_seconds: float          # waiting on the verifier (incl. wire), seconds
+    finish_reason: str             # "eos" | "length" | "unverified" (degraded: ended on drafter tokens)
+    verifier: str                  # address of the verifier that served the session last
+    prefill_seconds: float         # request to verifier session open (prefill included), seconds
+    seed: int                      # the seed used
+    verification: str              # "greedy", "lossless-sampling", "coupled-sampling" or a relaxed label
+    failovers: int                 # times the session was re-homed or re-opened on a verifier
+    recovery_seconds: float        # re-opening after verifier faults, seconds
+    unverified_tokens: int         # degraded: tokens at the end no verifier checked
+    pipelined: bool                # drafted ahead with optimistic windows
+    optimistic_windows: int        # pipelining: optimistic windows sent
+    optimistic_hits: int           # pipelining: of those, verified (not discarded)
+    target_logprob: float          # mean target log-probability (T = 1) per generated token, nats
+    lossy: bool                    # relaxed verification: not exactly the target's output
+    drafter: str                   # drafter(s) that served, by name; "a>b" when the router switched
+
+
+class TokenizerPort(Protocol):
+    def encode(self, prompt: str, chat: bool) -> list[int]: ...
+
+
+class TextStreamPort(Protocol):
+    """Incremental detokenization: the text each push adds; flush() what was held back."""
+    def push(self, tokens: Sequence[int]) -> str: ...
+    def flush(self) -> str: ...
+
+
+class VerifierInfo(Protocol):
+    vocab_size: int                # token ids the target accepts: [0, vocab_size)
+    eos_token_ids: Sequence[int]   # tokens that end a generation
+
+
+class SlotsPort(Protocol):
+    """Generations in progress per client: claim raises ResourceExhausted past the calling client's limit."""
+    def claim(self, session_id: str) -> object: ...
+    def release(self, session_id: str) -> None: ...
+
+
+@dataclass(slots=True)
+class _Plan:
+    """A validated request."""
+    window: int                    # tokens; -1 = adaptive
+    params: SamplingParams         # checked, per-task weight resolved, floats as the wire carries them
+    prompt: list[int]              # token ids, templated
+    eos_ids: frozenset[int]
+    resume: list[int] = field(default_factory=list)
+
+
+class Generations:
+    """The coordinator's generations: one ``run`` per Generate call, sharing the costs earlier sessions
+    measured, the router (when several drafters serve), the verifier's vocabulary and the metrics."""
+
+    def __init__(self, config: GenerationConfig, tokenizer: TokenizerPort, text_stream: Callable[[], TextStreamPort],
+                 drafters: Mapping[str, DrafterPort], verifier: FailoverVerifier, slots: SlotsPort | None = None,
+                 router: Router | None = None, metrics: CoordinatorMetrics | None = None):
+        if not drafters:
+            raise ValueError("a coordinator needs at least one drafter")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.text_stream = text_stream         # a new incremental detokenizer
+        self.drafters = drafters               # by name; one unless the router picks among them
+        self.verifier = verifier
+        self.slots = slots                     # None: no per-client limit
+        self.router = router                   # picks a drafter per request; this object feeds it the verify cost
+        self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
+        self.costs = Telemetry()               # costs measured by earlier sessions (links, draft, verify by window)
+        self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
+        self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
+        self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
+
+    async def run(self, session_id: str, request: GenerationRequest) -> AsyncIterator[TextChunk | GenerationStats]:
+        """Validate, take a slot of the calling client, open, speculate; yield each round's text, then the stats.
+        Raises InvalidArgument (the request), ResourceExhausted (the client's slots), Unavailable (no verifier)."""
+        plan = await self._validate(request)
+        if self.slots is not None:
+            self.slots.claim(session_id)   # a generation slot of this client (or service)
+        config, params = self.config, plan.params
+        session = SessionLog(plan.prompt, request.max_new_tokens, plan.eos_ids, generated=plan.resume)
+        text = self.text_stream()
+        text.push(plan.resume)       # context for decoding what follows; the client has this text
+        unverified_text: TextStreamPort | None = None
+        started = time.perf_counter()
+        telemetry = Telemetry()
+        telemetry.inherit_costs(self.costs)   # start from what earlier sessions measured; acceptance starts fresh
+        policy = self._policy(plan.window, telemetry)
+        drafting = plan.window != 0
+        pipelined = config.pipeline and drafting
+        drafter = self._drafter_for(session_id, request.prompt, telemetry)
+        log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(plan.prompt),
+                 request.max_new_tokens, f" (resuming after {len(plan.resume)})" if plan.resume else "",
+                 "auto" if plan.window < 0 else plan.window, "greedy" if params.greedy else params,
+                 ", pipelined" if config.pipeline else "")
+        try:
+            # The drafter opens on the first draft, after this: prefilling both at once
+            # oversubscribes the cores (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
+            await self.verifier.open(session_id, session.committed, params)
+            prefill = time.perf_counter() - started
+            async for chunk in speculate(session, session_id, drafter, self.verifier, policy, params,
+                                         pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
+                                         max_unverified=config.max_unverified, telemetry=telemetry,
+                                         metrics=self.metrics, max_draft=config.max_window):
+                if chunk.unverified:
+                    unverified_text = unverified_text or self.text_stream()
+                    piece = unverified_text.push(chunk.tokens)
+                else:
+                    unverified_text, piece = None, text.push(chunk.tokens)
+                yield TextChunk(chunk.tokens, piece, chunk.position + len(chunk.tokens), chunk.position,
+                                chunk.unverified)
+        except EdgespecError as error:
+            if isinstance(error, Unavailable):   # no verifier: every generation fails alike while it lasts
+                self.throttle.log(log, logging.WARNING, "unavailable", "session %s failed after %d tokens: %s",
+                                  session_id, len(session.generated), error)
+            else:
+                log.warning("session %s failed after %d tokens: %s", session_id, len(session.generated), error)
+            self.metrics.failed()
+            raise
+        finally:
+            if self.slots is not None:
+                self.slots.release(session_id)
+            if telemetry.rounds:
+                self.costs.inherit_costs(telemetry)
+            failover = self.verifier.stats(session_id)
+            served_by = self.verifier.address_of(session_id) or ""
+            await self._close(session_id, drafter, drafting)
+        tail = text.flush() if session.unverified == 0 else ""
+        if tail:
+            yield TextChunk((), tail, len(session.generated), len(session.generated))
+        seconds = time.perf_counter() - started
+        rounds, new = session.stats, len(session.generated)
+        link = telemetry.links.get(telemetry.last_link)
+        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round; "
+                 "link rtt %.1f ms (jitter %.1f), verifier queue %.2f", session_id, new, seconds, new / seconds,
+                 rounds.acceptance_rate, rounds.mean_accepted_length, 1000 * (link.mean or 0.0) if link else 0.0,
+                 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
+        self.metrics.generation(session.finish_reason or "", new, seconds - prefill)
+        trace.get_current_span().set_attributes({   # the service's span of this call
+            "edgespec.prompt_tokens": len(plan.prompt), "edgespec.new_tokens": new,
+            "edgespec.loop.rounds": rounds.rounds, "edgespec.window_policy": self._policy_label(plan.window),
+            "edgespec.acceptance": rounds.acceptance_rate, "edgespec.finish_reason": session.finish_reason or "",
+            "edgespec.verifier": served_by, "edgespec.failovers": failover.failovers})
+        yield GenerationStats(
+            prompt_tokens=len(plan.prompt), new_tokens=new, rounds=rounds.rounds, drafted_tokens=rounds.drafted,
+            accepted_tokens=rounds.accepted, acceptance_rate=rounds.acceptance_rate,
+            mean_accepted_length=rounds.mean_accepted_length, seconds=seconds, tokens_per_second=new / seconds,
+            draft_seconds=rounds.draft_seconds, verify_seconds=rounds.verify_seconds,
+            finish_reason=session.finish_reason or "", verifier=served_by, prefill_seconds=prefill,
+            seed=params.seed, verification=verification_label(params), failovers=failover.failovers,
+            recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified, pipelined=pipelined,
+            optimistic_windows=rounds.optimistic_windows, optimistic_hits=rounds.optimistic_hits,
+            target_logprob=rounds.target_logprob / new if new else 0.0, lossy=params.relaxation.lossy,
+            drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters)))
+
+    async def _validate(self, request: GenerationRequest) -> _Plan:
+        config = self.config
+        if not request.prompt.strip():
+            raise InvalidArgument("prompt", "must not be empty")
+        if not 1 <= request.max_new_tokens <= config.max_new_tokens:
+            raise InvalidArgument("max_new_tokens", f"must be in 1..{config.max_new_tokens}, got {request.max_new_tokens}")
+        if not -1 <= request.window <= config.max_window:
+            raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{config.max_window}, "
+                                  f"got {request.window}")
+        params = request.params
+        check_params(params)
+        if params.relaxation.task:   # the peers read the resolved weight from a float32: so does our copy
+            params = as_float32(resolve_task(params, request.prompt, self._weights()))
+        prompt = self.tokenizer.encode(request.prompt, request.chat)
+        if len(prompt) > config.max_prompt_tokens:
+            raise InvalidArgument("prompt", f"{len(prompt)} tokens exceeds the limit of {config.max_prompt_tokens}")
+        info = await self._verifier_info()
+        eos_ids = frozenset(info.eos_token_ids)
+        resume = list(request.resume)
+        for i, token in enumerate(resume):
+            if not 0 <= token < info.vocab_size:
+                raise InvalidArgument("resume_token_ids", f"token id {token} at index {i} is outside the vocabulary "
+                                      f"[0, {info.vocab_size})")
+        if len(resume) >= request.max_new_tokens or eos_ids.intersection(resume):
+            raise InvalidArgument("resume_token_ids", f"{len(resume)} tokens already finish the generation "
+                                  f"(max_new_tokens {request.max_new_tokens}, or an EOS among them)")
+        window = config.default_window if request.window == -1 else request.window
+        return _Plan(window, params, prompt, eos_ids, resume)
+
+    def _weights(self) -> WeightHead:
+        if self._head is None:
+            try:
+                self._head = load_head()
+            except (OSError, ValueError, KeyError) as error:
+                raise InvalidArgument("sampling.relaxation.task", f"no per-task weights on this coordinator: {error}") from None
+        return self._head
+
+    def _policy_label(self, window: int) -> str:
+        return f"fixed {window}" if window >= 0 else self.config.auto_policy
+
+    def _policy(self, window: int, telemetry: Telemetry) -> WindowPolicy:
+        max_k = self.config.auto_max_window
+        if window >= 0:
+            return FixedWindow(window)
+        if self.config.auto_policy == "awc":     # reads the telemetry the round loop records
+            return AwcWindow(telemetry, max_k=max_k, k=min(2, max_k), feeds_telemetry=False)
+        if self.config.auto_policy == "heuristic":
+            return HeuristicWindow(k=min(2, max_k), max_k=max_k)
+        return GoodputWindow(max_k=max_k)
+
+    async def _verifier_info(self) -> VerifierInfo:
+        """Vocabulary and EOS ids, from the first verifier that answers (cached)."""
+        if self._info is None:
+            for address in self.verifier.pool.endpoints:
+                try:
+                    self._info = await self.verifier.endpoints[address].info()
+                    break
+                except EdgespecError as error:
+                    self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s",
+                                      address, error)
+            else:
+                raise Unavailable("no verifier answered Info")
+        return self._info
+
+    def _drafter_for(self, session_id: str, prompt: str, telemetry: Telemetry) -> DrafterPort:
+        """The drafter port of one generation: the only drafter, or the router's pick."""
+        if self.router is None:
+            return next(iter(self.drafters.values()))
+        if telemetry.verify_wall is not None:
+            self.router.verify_seconds = telemetry.verify_wall   # what earlier sessions measured
+        x = request_features(prompt)
+        decision = self.router.choose(x)
+        log.info("session %s: drafter %s (predicted acceptance %s; tok/s %s)", session_id, decision.drafter,
+                 ", ".join(f"{n} {a:.2f}" for n, a in decision.predicted_alpha.items()),
+                 ", ".join(f"{n} {r:.2f}" for n, r in decision.rates.items()))
+        return RoutedDrafter(self.drafters, SessionRouting(self.router, x, decision.drafter))
+
+    async def _close(self, session_id: str, drafter: DrafterPort, drafted: bool) -> None:
+        """Free both sides' session state; a failure here must not hide the generation's result."""
+        for side, wanted in ((self.verifier, True), (drafter, drafted)):
+            if not wanted:
+                continue
+            try:
+                await side.close(session_id)
+            except NotFound:
+                pass   # never opened there (e.g. the policy never drafted)
+            except EdgespecError as error:
+                log.warning("closing session %s on the %s: %s", session_id, type(side).__name__, error)
+
+
+def verification_label(params: SamplingParams) -> str:
+    mode = "greedy" if params.greedy else "sampling"
+    if params.relaxation.lossy:
+        return f"{params.relaxation.label} {mode} (lossy)"
+    return {"greedy": "greedy", "coupled": "coupled-sampling", "standard": "lossless-sampling"}[params.sampler]
