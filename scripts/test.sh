@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# SmolLM2-135M (a 98 MB GGUF) for the cross-tokenizer and llama.cpp tests: converted once, seconds.
+.venv/bin/edgespec prepare-models smollm2 >/dev/null
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest "$@"

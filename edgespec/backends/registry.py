@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config
 
-from edgespec.backends.assets import PACKAGED, ensure_model_dir
+from edgespec.backends.assets import PACKAGED
+from edgespec.backends.convert import ensure_model_dir
 from edgespec.backends.torch_lm import TorchCausalLM, quantize_int8
 
 TINY_VOCAB = 320   # bytes 0..255, EOS 256, the rest unused (see edgespec/backends/tokenizer.py)
@@ -59,8 +60,11 @@ def load_lm(spec: str, device: str | None = None, dtype: str = "float32", quanti
     return TorchCausalLM.from_pretrained(path, device=device, dtype=dtype, quantize=quantize)
 
 
-def eos_ids(lm: TorchCausalLM) -> list[int]:
-    """EOS ids from the generation config (chat models stop on several), else the model config."""
+def eos_ids(lm) -> list[int]:
+    """EOS ids: what the backend knows (llama.cpp: its end-of-generation tokens), else the generation config
+    (chat models stop on several), else the model config."""
+    if hasattr(lm, "eos_ids"):
+        return lm.eos_ids()
     ids: set[int] = set()
     for cfg in (getattr(lm.model, "generation_config", None), lm.model.config):
         value = getattr(cfg, "eos_token_id", None) if cfg is not None else None

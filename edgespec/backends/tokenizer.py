@@ -47,11 +47,14 @@ class HFTokenizer:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
+    """"bytes", a packaged model's name ("target", "draft", "smollm2": its tokenizer, read from the GGUF
+    when the model was never converted) or a Hugging Face tokenizer directory."""
     if spec == "bytes":
         return ByteTokenizer()
-    from edgespec.backends.registry import model_path
+    from edgespec.backends.assets import PACKAGED
+    from edgespec.backends.convert import ensure_tokenizer_dir
 
-    return HFTokenizer(str(model_path(spec)))
+    return HFTokenizer(str(ensure_tokenizer_dir(spec) if spec in PACKAGED else spec))
 
 
 class TextStream:

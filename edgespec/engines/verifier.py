@@ -213,7 +213,9 @@ class VerifierEngine:
             log.exception("target forward over %d windows failed", len(scored))
             for i, session in scored:
                 session.kv = self.target.new_state()   # restored from the committed prefix next time
-                results[i] = Unavailable(f"target forward failed: {type(error).__name__}: {error}")
+                # A backend that is full says so (RESOURCE_EXHAUSTED: back off); anything else is UNAVAILABLE.
+                results[i] = error if isinstance(error, ResourceExhausted) else Unavailable(
+                    f"target forward failed: {type(error).__name__}: {error}")
             return
         self.restores += restoring
         seconds = time.perf_counter() - started

@@ -30,12 +30,19 @@ class ModelServiceConfig:
     model: str               # "target", "draft", "tiny:SEED[~NOISE]" or a model directory
     device: str              # "auto" (GPU if present), "cpu", "cuda", "cuda:N"
     dtype: str               # float32 | bfloat16 | float16
-    threads: int             # torch CPU threads (0 = torch default)
+    threads: int             # CPU threads of the model backend (0 = the backend's default)
     max_window: int          # largest draft window handled, tokens
     max_session_tokens: int  # largest committed length of a session, tokens
     grace_seconds: float     # drain time on shutdown, seconds
     security: ServerSecurity # TLS, auth, per-client limits
     observability: ObservabilityConfig  # metrics endpoint, OTLP export, log format and level
+    llamacpp: "LlamaCppConfig"  # the llama.cpp backend's context (used with --backend llamacpp)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppConfig:
+    ctx_tokens: int      # KV cells of the one llama.cpp context all sessions share, tokens
+    max_sequences: int   # sessions that can hold a KV cache at once (one llama.cpp sequence each)
 
 
 class ServiceArgumentParser(argparse.ArgumentParser):
@@ -108,11 +115,19 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
     parser.add_argument("--model", default=model, help=f"{model_help} (default %(default)s)")
     parser.add_argument("--device", default=device, help="auto (GPU if present) | cpu | cuda | cuda:N (default %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch default")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads of the model backend (torch, ONNX Runtime, llama.cpp); 0 = its default")
     parser.add_argument("--max-window", type=int, default=16, help="largest window, tokens (default %(default)s)")
     parser.add_argument("--max-session-tokens", type=int, default=8192,
                         help="largest committed length of a session, tokens (default %(default)s)")
     parser.add_argument("--grace", type=float, default=5.0, help="shutdown drain, seconds (default %(default)s)")
+    group = parser.add_argument_group("llama.cpp backend", "With --backend llamacpp: the GGUF model runs in one "
+                                      "llama.cpp context; each session is a sequence of its unified KV cache, and "
+                                      "windows of several sessions share one decode batch.")
+    group.add_argument("--ctx-tokens", type=int, default=16384,
+                       help="KV cells of the context, shared by all sessions, tokens (default %(default)s)")
+    group.add_argument("--max-sequences", type=int, default=64,
+                       help="sessions holding a KV cache at once, 1..256 (default %(default)s)")
     add_security_flags(parser)
     add_observability_flags(parser)
     return parser
@@ -197,6 +212,9 @@ def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def model_service_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelServiceConfig:
+    if args.ctx_tokens < 256 or not 1 <= args.max_sequences <= 256:
+        parser.error(f"--ctx-tokens must be >= 256 and --max-sequences in 1..256, got {args.ctx_tokens} and "
+                     f"{args.max_sequences}")
     return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,
                               args.max_window, args.max_session_tokens, args.grace, security_config(parser, args),
-                              observability_config(parser, args))
+                              observability_config(parser, args), LlamaCppConfig(args.ctx_tokens, args.max_sequences))

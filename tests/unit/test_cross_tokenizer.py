@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import PreTrainedTokenizerFast
 
-from edgespec.backends.assets import PACKAGED, cache_root
+
 from edgespec.backends.incremental import IncrementalLM
 from edgespec.backends.cross_tokenizer import FREEZE_CHARS, NOT_PROPOSED, CrossTokenizerDrafter, HFCodec
 from edgespec.backends.registry import TINY_EOS, TINY_VOCAB, tiny_config
@@ -179,12 +179,12 @@ QWEN_IM_END, SMOLLM2_IM_END = 151645, 2
 
 
 def real_codecs() -> tuple[HFCodec, HFCodec]:
-    """The Qwen tokenizer (target) and SmolLM2's (draft), from the model cache; tokenizers only."""
+    """The Qwen tokenizer (target) and SmolLM2's (draft), read from their packaged GGUF files (tokenizers only:
+    no model is converted; the packages are installed by scripts/install.sh)."""
     from transformers import AutoTokenizer
-    dirs = [cache_root() / "models" / PACKAGED[which].name for which in ("draft", "smollm2")]
-    if not all((d / "tokenizer.json").exists() for d in dirs):
-        pytest.skip("the Qwen draft or SmolLM2 is not prepared (edgespec prepare-models draft smollm2)")
-    return tuple(HFCodec(AutoTokenizer.from_pretrained(str(d))) for d in dirs)
+
+    from edgespec.backends.convert import ensure_tokenizer_dir
+    return tuple(HFCodec(AutoTokenizer.from_pretrained(str(ensure_tokenizer_dir(which)))) for which in ("draft", "smollm2"))
 
 
 def test_perfect_draft_proposes_the_targets_tokens_at_every_split(codecs):

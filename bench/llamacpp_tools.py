@@ -1,0 +1,62 @@
+"""llama.cpp's own command-line tools, the anchors edgespec is measured against on a CPU.
+
+    python -m bench.llamacpp_tools            # build (once) and print where the binaries are
+
+`llama-bench` (target-only speed) and `llama-speculative-simple` (llama.cpp's own speculative decoding
+with a draft model) are built from the llama.cpp sources that the pinned llama-cpp-python sdist vendors,
+so they are the same llama.cpp that edgespec's llama.cpp backend runs. The build (cmake + ninja, a few
+minutes on 2 cores) lands in $EDGESPEC_CACHE/llama.cpp-tools/<version>/ and is reused.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from edgespec.backends.assets import cache_root
+
+log = logging.getLogger("edgespec.llamacpp_tools")
+
+VERSION = "0.3.36"   # llama-cpp-python, as pinned in pyproject.toml
+TOOLS = ("llama-bench", "llama-speculative-simple")
+
+
+def tools_dir() -> Path:
+    return cache_root() / "llama.cpp-tools" / VERSION
+
+
+def ensure_tools() -> dict[str, Path]:
+    """Paths of the built tools, building them first if needed."""
+    out = tools_dir()
+    found = {name: out / name for name in TOOLS}
+    if all(path.is_file() for path in found.values()):
+        return found
+    with tempfile.TemporaryDirectory(prefix="llama-tools-") as work:
+        work = Path(work)
+        log.info("downloading the llama-cpp-python %s sdist (its vendor/llama.cpp)", VERSION)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={VERSION}", "-d", str(work)], check=True)
+        archive = next(work.glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(archive) as tar:
+            tar.extractall(work, filter="data")
+        source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+        build = work / "build"
+        log.info("building %s from %s (cmake + ninja; minutes)", ", ".join(TOOLS), source)
+        subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                        "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
+                        "-DGGML_NATIVE=ON"], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", "2"], check=True)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in TOOLS:
+            shutil.copy2(build / "bin" / name, out / name)
+    return found
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name, path in ensure_tools().items():
+        print(f"{name}: {path}")

@@ -1,0 +1,261 @@
+"""llama.cpp as an incremental model: GGUF files as people run them on CPUs and edge devices.
+
+One llama.cpp context serves every session of a process, the way llama.cpp's own server does it: each
+session's cache is one *sequence* of a unified KV cache, and the windows of several sessions go into one
+``llama_decode`` batch (each token tagged with its session's sequence id and position), so cross-session
+batching needs no padding. Rollback is ``llama_memory_seq_rm`` past a position.
+
+The state of a session (``SeqState``) remembers exactly which tokens its sequence holds, like the torch
+backend's ``KVState``; ``logits`` keeps the longest common prefix with the requested sequence and feeds
+the rest. A sequence id is taken on the first feed and given back when the state is dropped (garbage
+collected: the engines replace or forget states); ids are recycled on the model worker thread, the only
+thread that calls llama.cpp.
+
+Logits come back as float32 numpy rows over the full vocabulary, so the pure verification and sampling
+code is the same as for every other backend. Numerics: llama.cpp's kernels may group a sum differently
+for a batch of k + 1 tokens than for one token at a time, so greedy output can in principle differ from
+llama.cpp's own one-token decoding at a near-tie; bench/bench_llamacpp.py measures it.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from edgespec.backends.assets import PACKAGED, ensure_gguf
+from edgespec.backends.incremental import IncrementalLM
+from edgespec.errors import ResourceExhausted
+from edgespec.verify.greedy import common_prefix_length
+
+log = logging.getLogger(__name__)
+
+MAX_SEQUENCES = 256   # llama.cpp's limit on sequences per context (LLAMA_MAX_SEQ)
+
+
+def _llama():
+    """The llama_cpp module, quiet (its default logger prints every load line to stderr)."""
+    import llama_cpp
+    from llama_cpp import _logger
+
+    _logger.set_verbose(False)
+    return llama_cpp
+
+
+class ContextFull(ResourceExhausted):
+    """The context has no room: no free sequence id or no free KV cells for a batch (back off and retry:
+    idle sessions' caches are evicted meanwhile)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retry_after_seconds=1.0)
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
+class SeqState:
+    """A session's sequence in the shared context and the exact tokens its KV cells hold."""
+    tokens: list[int] = field(default_factory=list)
+    seq_id: int | None = None   # taken on the first feed
+
+
+class LlamaCppLM(IncrementalLM):
+    """A GGUF model in one llama.cpp context; every call on one thread (the model worker)."""
+
+    def __init__(self, path: str | Path, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
+                 batch_tokens: int = 2048):
+        llama = self._lib = _llama()
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF model {path} does not exist")
+        if not 1 <= max_sequences <= MAX_SEQUENCES:
+            raise ValueError(f"max_sequences must be in 1..{MAX_SEQUENCES}, got {max_sequences}")
+        started = time.perf_counter()
+        llama.llama_backend_init()
+        model_params = llama.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        self._model = llama.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path} (not a GGUF model?)")
+        threads = threads or os.cpu_count() or 1
+        params = llama.llama_context_default_params()
+        params.n_ctx = ctx_tokens
+        params.n_batch = batch_tokens
+        params.n_ubatch = min(512, batch_tokens)
+        params.n_seq_max = max_sequences
+        params.n_threads = params.n_threads_batch = threads
+        params.kv_unified = True      # one cell pool shared by all sessions, as llama.cpp's server does
+        params.no_perf = True
+        self._ctx = llama.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            raise ValueError(f"llama.cpp could not create a context of {ctx_tokens} tokens for {path}")
+        self._memory = llama.llama_get_memory(self._ctx)
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.name = str(path)
+        self.vocab_size = int(llama.llama_vocab_n_tokens(self._vocab))
+        self.ctx_tokens = int(llama.llama_n_ctx(self._ctx))
+        self.batch_tokens = batch_tokens
+        self.threads = threads
+        self.max_sequences = max_sequences
+        self.device = "cpu"
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self._free_ids = list(range(max_sequences - 1, -1, -1))
+        self._released: list[int] = []          # ids of dropped states, cleared on the worker thread
+        self._released_lock = threading.Lock()   # finalizers may run on any thread
+        self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
+        log.info("loaded %s with llama.cpp in %.1fs: %d threads, %d KV cells, %d sequences", path,
+                 time.perf_counter() - started, threads, self.ctx_tokens, max_sequences)
+
+    @property
+    def placement(self) -> str:
+        return f"cpu llama.cpp GGUF ({self.threads} threads)"
+
+    def _kv_bytes_per_token(self) -> int:
+        """f16 keys and values: layers x 2 x kv heads x head dim x 2 bytes (from the GGUF metadata)."""
+        llama = self._lib
+        layers = llama.llama_model_n_layer(self._model)
+        heads, kv_heads = llama.llama_model_n_head(self._model), llama.llama_model_n_head_kv(self._model)
+        head_dim = llama.llama_model_n_embd(self._model) // max(1, heads)
+        return int(layers * 2 * kv_heads * head_dim * 2)
+
+    def eos_ids(self) -> list[int]:
+        """Every end-of-generation token llama.cpp knows for this vocabulary (EOS, EOT, <|im_end|> ...)."""
+        llama = self._lib
+        return [t for t in range(self.vocab_size) if llama.llama_vocab_is_eog(self._vocab, t)]
+
+    # -- states ------------------------------------------------------------------------------------
+
+    def new_state(self) -> SeqState:
+        return SeqState()
+
+    def crop(self, state: SeqState, length: int) -> None:
+        """Keep the first ``length`` cached positions (no-op if already shorter)."""
+        if len(state.tokens) > length:
+            self._lib.llama_memory_seq_rm(self._memory, state.seq_id, length, -1)
+            del state.tokens[length:]
+
+    def _attach(self, state: SeqState) -> None:
+        """Give a state a sequence id of its own (the first time it is fed)."""
+        if state.seq_id is not None:
+            return
+        self._recycle()
+        if not self._free_ids:
+            raise ContextFull(f"all {self.max_sequences} llama.cpp sequences are in use")
+        state.seq_id = self._free_ids.pop()
+        weakref.finalize(state, self._release, state.seq_id)
+
+    def _release(self, seq_id: int) -> None:
+        with self._released_lock:
+            self._released.append(seq_id)
+
+    def _recycle(self) -> None:
+        """Clear the cells of dropped states and make their ids free again (worker thread only)."""
+        with self._released_lock:
+            released, self._released = self._released, []
+        for seq_id in released:
+            self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            self._free_ids.append(seq_id)
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    def logits(self, state: SeqState, seq: Sequence[int]) -> np.ndarray:
+        """Logits after each newly fed token of ``seq``: float32 [m, vocab], m >= 1."""
+        [rows] = self._forward([state], [seq], None)
+        return rows
+
+    def logits_rows(self, state: SeqState, seq: Sequence[int], last: int) -> np.ndarray:
+        [rows] = self._forward([state], [seq], [last])
+        return rows
+
+    def logits_rows_batch(self, states: Sequence[SeqState], seqs: Sequence[Sequence[int]],
+                          lasts: Sequence[int]) -> list[np.ndarray]:
+        """Every session's rows from one llama_decode batch (split only past the batch size)."""
+        return self._forward(states, seqs, lasts)
+
+    def prefill(self, state: SeqState, tokens: Sequence[int]) -> None:
+        """Cache all but the last token of ``tokens`` (the next call feeds that one); no logits."""
+        if len(tokens) > 1:
+            self._forward([state], [tokens[:-1]], [0])
+
+    def _forward(self, states: Sequence[SeqState], seqs: Sequence[Sequence[int]],
+                 lasts: Sequence[int] | None) -> list[np.ndarray]:
+        """Sync each state to its sequence (longest common prefix, at least one token fed), feed the rest
+        of all of them, and return for each the logits of its last ``lasts[i]`` fed tokens (None: all)."""
+        feeds: list[tuple[SeqState, int, list[int], int]] = []   # (state, start position, tokens, outputs)
+        for i, (state, seq) in enumerate(zip(states, seqs)):
+            seq = list(seq)
+            if not seq:
+                raise ValueError("cannot score an empty sequence")
+            self._attach(state)
+            keep = min(common_prefix_length(state.tokens, seq), len(seq) - 1)
+            self.crop(state, keep)
+            new = seq[keep:]
+            outputs = len(new) if lasts is None else lasts[i]
+            if outputs > len(new):
+                raise ValueError(f"asked for {outputs} positions but only {len(new)} were fed")
+            feeds.append((state, keep, new, outputs))
+        rows = [np.empty((outputs, self.vocab_size), np.float32) for _, _, _, outputs in feeds]
+        filled = [0] * len(feeds)
+        # Tokens in order, session after session; a batch holds at most batch_tokens of them.
+        plan = [(f, j) for f, (_, _, new, _) in enumerate(feeds) for j in range(len(new))]
+        for chunk_start in range(0, len(plan), self.batch_tokens):
+            chunk = plan[chunk_start:chunk_start + self.batch_tokens]
+            self._decode(feeds, chunk, rows, filled)
+        for state, keep, new, _ in feeds:
+            state.tokens[keep:] = new
+        return rows
+
+    def _decode(self, feeds, chunk, rows, filled) -> None:
+        llama, batch = self._lib, self._batch
+        wanted = []
+        for i, (f, j) in enumerate(chunk):
+            state, keep, new, outputs = feeds[f]
+            batch.token[i] = new[j]
+            batch.pos[i] = keep + j
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = state.seq_id
+            out = j >= len(new) - outputs
+            batch.logits[i] = out
+            if out:
+                wanted.append(f)
+        batch.n_tokens = len(chunk)
+        status = llama.llama_decode(self._ctx, batch)
+        if status == 1:
+            raise ContextFull(f"no room in the llama.cpp context for {len(chunk)} more tokens "
+                              f"({self.ctx_tokens} KV cells in all)")
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status}")
+        if wanted:
+            logits = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(wanted), self.vocab_size))
+            for row, f in zip(logits, wanted):
+                rows[f][filled[f]] = row
+                filled[f] += 1
+
+    def close(self) -> None:
+        llama = self._lib
+        if getattr(self, "_ctx", None):
+            llama.llama_batch_free(self._batch)
+            llama.llama_free(self._ctx)
+            llama.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+
+def gguf_path(spec: str) -> Path:
+    """A packaged model's GGUF file ("target", "draft", "smollm2") or a path to a .gguf file."""
+    if spec in PACKAGED:
+        return ensure_gguf(spec)
+    path = Path(spec)
+    if path.suffix != ".gguf" or not path.is_file():
+        raise FileNotFoundError(f"model {spec!r}: not a GGUF file (the llama.cpp backend takes 'target', 'draft', "
+                                f"'smollm2' or the path of an existing .gguf file)")
+    return path
+
+
+def load(spec: str, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64) -> LlamaCppLM:
+    """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own."""
+    return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences)

@@ -1,0 +1,146 @@
+"""The llama.cpp backend on a real GGUF model (SmolLM2-135M-Instruct, packaged): the incremental-model
+contract, sessions as sequences of one context, batching, rollback, and edgespec's round loop on it.
+
+The reference for exactness is llama.cpp itself: target-only greedy decoding with the same backend, one
+token per llama_decode (what `services.verifier --backend llamacpp` does at window 0).
+"""
+import asyncio
+import gc
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
+
+from edgespec.backends import llamacpp  # noqa: E402
+from edgespec.engines.drafter import DrafterEngine  # noqa: E402
+from edgespec.engines.verifier import VerifierEngine  # noqa: E402
+from edgespec.errors import ResourceExhausted  # noqa: E402
+from edgespec.loop.session import SessionLog  # noqa: E402
+from edgespec.loop.speculation import speculate  # noqa: E402
+from edgespec.control.telemetry import Telemetry  # noqa: E402
+from edgespec.control.window import FixedWindow, GoodputWindow  # noqa: E402
+from edgespec.verify.sampling import SamplingParams  # noqa: E402
+from bench.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
+
+PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
+            8182, 2, 198, 1, 4093, 198],   # a chat-template-like prefix of SmolLM2 ids
+           list(range(400, 430)), [504, 3301, 28, 216, 11, 2030, 327, 1330]]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    model = llamacpp.load("smollm2", threads=2, ctx_tokens=4096, max_sequences=8)
+    yield model
+    model.close()
+
+
+def greedy_reference(lm, prompt, n):
+    """llama.cpp target-only greedy: one token per decode, a session of its own."""
+    state, out = lm.new_state(), []
+    seq = list(prompt)
+    eos = set(lm.eos_ids())
+    for _ in range(n):
+        token = int(np.argmax(lm.logits_rows(state, seq, 1)[0]))
+        out.append(token)
+        if token in eos:
+            break
+        seq.append(token)
+    return out
+
+
+def test_metadata_of_the_packaged_gguf(lm):
+    assert lm.vocab_size == 49152 and lm.kv_bytes_per_token > 0
+    assert lm.eos_ids() and all(0 <= t < lm.vocab_size for t in lm.eos_ids())
+
+
+def test_incremental_rows_match_one_pass_and_rollback_is_set_the_position(lm):
+    seq = PROMPTS[1]
+    whole = lm.logits(lm.new_state(), seq)                      # 30 rows, one decode
+    state = lm.new_state()
+    lm.prefill(state, seq[:10])
+    tail = lm.logits_rows(state, seq, 20)                       # the rest, after a cached prefix
+    assert tail.shape == (20, lm.vocab_size)
+    assert np.array_equal(whole[-20:].argmax(-1), tail.argmax(-1))
+    assert np.abs(whole[-20:] - tail).max() < 1e-2
+    # Rollback: ask for a shorter, diverging sequence; the cache keeps the common prefix only.
+    other = seq[:15] + [7, 8, 9]
+    rows = lm.logits_rows(state, other, 3)
+    assert lm.cached_length(state) == len(other)
+    fresh = lm.logits_rows(lm.new_state(), other, 3)
+    assert np.array_equal(rows.argmax(-1), fresh.argmax(-1)) and np.abs(rows - fresh).max() < 1e-2
+
+
+def test_sessions_in_one_batch_get_their_own_rows(lm):
+    states = [lm.new_state() for _ in PROMPTS]
+    batched = lm.logits_rows_batch(states, PROMPTS, [3, 1, 2])
+    alone = [lm.logits_rows(lm.new_state(), p, n) for p, n in zip(PROMPTS, [3, 1, 2])]
+    for b, a in zip(batched, alone):
+        assert b.shape == a.shape and np.array_equal(b.argmax(-1), a.argmax(-1))
+        assert np.abs(b - a).max() < 1e-2
+    assert [lm.cached_length(s) for s in states] == [len(p) for p in PROMPTS]
+
+
+def test_sequence_ids_are_recycled_and_a_full_context_is_resource_exhausted(lm):
+    for _ in range(3 * lm.max_sequences):        # far more states than sequences, dropped one by one
+        state = lm.new_state()
+        lm.logits_rows(state, PROMPTS[2], 1)
+        del state
+        gc.collect()
+    held = [lm.new_state() for _ in range(lm.max_sequences)]
+    for state in held:
+        lm.logits_rows(state, PROMPTS[2], 1)
+    with pytest.raises(ResourceExhausted):
+        lm.logits_rows(lm.new_state(), PROMPTS[2], 1)
+    del held
+    gc.collect()
+    lm.logits_rows(lm.new_state(), PROMPTS[2], 1)   # free again
+
+
+def run(lm, draft_lm, prompt, max_new, policy, params=SamplingParams(), pipeline=False):
+    eos = lm.eos_ids()
+    verifier = InProcessVerifier(VerifierEngine(lm, eos))
+    drafter = InProcessDrafter(DrafterEngine(draft_lm), q_ids=16)
+    session = SessionLog(list(prompt), max_new, frozenset(eos))
+
+    async def go():
+        await verifier.open("s", session.committed, params)
+        telemetry = getattr(policy, "telemetry", None)   # the goodput policy reads the round loop's telemetry
+        async for _ in speculate(session, "s", drafter, verifier, policy, params, pipeline=pipeline,
+                                 telemetry=telemetry):
+            pass
+        await verifier.close("s")
+    asyncio.run(go())
+    return session
+
+
+@pytest.fixture(scope="module")
+def draft_lm():
+    model = llamacpp.load("smollm2", threads=2, ctx_tokens=2048, max_sequences=4)
+    yield model
+    model.close()
+
+
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+def test_speculative_greedy_on_llamacpp_equals_its_own_target_only_greedy(lm, draft_lm, prompt):
+    expected = greedy_reference(lm, PROMPTS[prompt], 40)
+    for policy, pipeline in [(FixedWindow(0), False), (FixedWindow(3), False), (FixedWindow(4), True),
+                             (GoodputWindow(Telemetry(), max_k=4), False)]:
+        session = run(lm, draft_lm, PROMPTS[prompt], 40, policy, pipeline=pipeline)
+        assert session.generated == expected, (policy, pipeline)
+
+
+def test_coupled_sampling_on_llamacpp_equals_its_target_only_sampling(lm, draft_lm):
+    params = SamplingParams(temperature=0.9, top_k=40, seed=11, coupled=True)
+    target_only = run(lm, draft_lm, PROMPTS[0], 32, FixedWindow(0), params).generated
+    speculative = run(lm, draft_lm, PROMPTS[0], 32, FixedWindow(3), params)
+    assert speculative.generated == target_only and speculative.stats.accepted > 0
+
+
+def test_missing_or_wrong_gguf_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="GGUF"):
+        llamacpp.load(str(tmp_path / "absent.gguf"))
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="could not load"):
+        llamacpp.load(str(not_gguf))
