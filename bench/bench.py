@@ -144,7 +144,7 @@ def main() -> None:
                                      tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
                                      mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
                                      drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
-                                     draft_seconds=stats.draft_seconds, verify_seconds=stats.verify_seconds,
+                                     draft_seconds=stats.draft_seconds, verify_wall_seconds=stats.verify_wall_seconds,
                                      identical_to_target=tokens == reference[index], tokens=tokens))
                     log.info("%s prompt %d (%s): %.2f tok/s, acceptance %.2f, identical %s", config, index, category,
                              len(tokens) / seconds, stats.acceptance_rate, tokens == reference[index])

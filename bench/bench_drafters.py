@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     router_rows: list[dict | None] = [None] * len(prompts)
     halves = [list(range(0, len(prompts), 2)), list(range(1, len(prompts), 2))]
     for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
-        router = Router(train_arms(names, rows, texts, train, costs), verify_seconds=verify[args.window], explore=0.0)
+        router = Router(train_arms(names, rows, texts, train, costs), verify_wall_seconds=verify[args.window], explore=0.0)
         for i in test:
             x = request_features(prompt_set[i][1])
             decision = router.choose(x)
@@ -218,14 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     for r, (cat, _) in zip(rows["router"], prompt_set):
         key = f"{cat}: {'>'.join(r['used'])}"
         picks[key] = picks.get(key, 0) + 1
-    result = {"window": args.window, "tokens": args.tokens, "verify_seconds": verify, "draft_cost": costs,
+    result = {"window": args.window, "tokens": args.tokens, "verify_compute_seconds": verify, "draft_cost": costs,
               "table": table, "router_picks": picks, "rows": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(markdown(table))
     print("router picks:", json.dumps(picks, indent=1))
     if args.weights_out:
-        router = Router(train_arms(names, rows, texts, list(range(len(prompts))), costs), verify_seconds=verify[args.window])
+        router = Router(train_arms(names, rows, texts, list(range(len(prompts))), costs), verify_wall_seconds=verify[args.window])
         weights = router.to_json() | {"meta": {"trained": time.strftime("%Y-%m-%d"), "prompts": len(prompts),
                                                "window": args.window, "tokens": args.tokens,
                                                "source": "edgespec bench-drafters --weights-out"}}

@@ -47,7 +47,7 @@ async def _one(address: str, prompt: str, max_new: int, window: int, chat: bool)
 
 def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool) -> dict:
     gaps, totals = [], dict(tokens=0, seconds=0.0, rounds=0, drafted=0, accepted=0, draft_seconds=0.0,
-                             verify_seconds=0.0)
+                             verify_wall_seconds=0.0)
     for prompt in prompts:
         token_gaps, s = asyncio.run(_one(address, prompt, max_new, window, chat))
         gaps += token_gaps
@@ -57,7 +57,7 @@ def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool)
         totals["drafted"] += s.drafted_tokens
         totals["accepted"] += s.accepted_tokens
         totals["draft_seconds"] += s.draft_seconds
-        totals["verify_seconds"] += s.verify_seconds
+        totals["verify_wall_seconds"] += s.verify_wall_seconds
     return {**totals, "tok_s": totals["tokens"] / totals["seconds"],
             "round_ms": 1000 * totals["seconds"] / max(1, totals["rounds"]),
             "tpot_p50_ms": 1000 * percentile(gaps, 0.5), "tpot_p99_ms": 1000 * percentile(gaps, 0.99)}
@@ -82,11 +82,11 @@ def calibrate(rows: dict, base_rtt_ms: float) -> dict:
     verify = {}
     for k in FIXED:
         same = [r for r in runs if r["k"] == k]
-        wall = sum(r["verify_seconds"] for r in same) / sum(r["rounds"] for r in same)
+        wall = sum(r["verify_wall_seconds"] for r in same) / sum(r["rounds"] for r in same)
         verify[str(k + 1)] = max(1e-4, wall - base_rtt_ms / 1000)
     alphas = {regime: alpha_from([dict(r, k=k) for k, r in runs_.items() if isinstance(k, int)])
               for regime, runs_ in rows.items()}
-    return {"draft_seconds_per_token": draft, "verify_seconds_by_tokens": verify, "alpha": alphas}
+    return {"draft_seconds_per_token": draft, "forward_seconds_by_tokens": verify, "alpha": alphas}
 
 
 def simulate(profile: dict, alpha: float, rtt_ms: float, k: int, requests: int, tokens: int) -> dict:
@@ -94,7 +94,7 @@ def simulate(profile: dict, alpha: float, rtt_ms: float, k: int, requests: int, 
 
     scenario = {"name": f"fidelity-k{k}-rtt{rtt_ms:g}", "seed": 1,
                 "profile": {"draft_seconds_per_token": profile["draft_seconds_per_token"],
-                            "verify_seconds_by_tokens": profile["verify_seconds_by_tokens"]},
+                            "forward_seconds_by_tokens": profile["forward_seconds_by_tokens"]},
                 "link": {"rtt_ms": rtt_ms}, "acceptance": {"per_position": [alpha] * 8},
                 "requests_per_device": max(20, requests), "tokens_per_request": tokens, "max_k": 8,
                 "policies": [f"fixed:{k}"]}

@@ -6,11 +6,12 @@ in process (edgespec bench-drafters' references).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from edgespec.engines.drafter import DrafterEngine
-from edgespec.loop.rounds import Window
-from edgespec.verify.greedy import Verdict
 from edgespec.engines.verifier import VerifierEngine
+from edgespec.verify.greedy import Verdict
+from edgespec.verify.window import Window
 
 
 class InProcessDrafter:
@@ -28,6 +29,9 @@ class InProcessDrafter:
     async def close(self, session_id):
         self.engine.close(session_id)
 
+    def observe(self, draft, sample):
+        pass   # the engine learns nothing from verdicts
+
 
 class InProcessVerifier:
     """A verifier engine as the round loop's port (and as a failover endpoint)."""
@@ -41,8 +45,11 @@ class InProcessVerifier:
 
     async def verify(self, session_id, window: Window) -> Verdict | None:
         await asyncio.sleep(0)   # a real port yields to the event loop; pipelining relies on it
-        return self.engine.verify(session_id, window.base_position, window.draft, window.q,
-                                  window.params_fingerprint, window.parent).verdict
+        result = self.engine.verify(session_id, window.base_position, window.draft, window.q,
+                                    window.params_fingerprint, window.parent)
+        # what the gRPC verifier reports with a verdict: its compute time, and where it came from
+        return None if result.verdict is None else replace(
+            result.verdict, verify_compute_seconds=result.verify_compute_seconds, verifier=self.address)
 
     async def close(self, session_id):
         self.engine.close(session_id)

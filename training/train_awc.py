@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from edgespec.control.awc import AwcWindow, Mlp, signed_log1p
-from edgespec.control.window import best_window
-from edgespec.sim.scenario import build
+from edgespec.control.goodput import best_window
+from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import FEATURE_NAMES
 from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
+from edgespec.sim.scenario import build
 
 MAX_K = 8
 CPU_CURVE = {1: 1.0, 2: 1.0, 4: 1.7, 8: 2.3}     # forward cost over tokens, x one pass (this machine)
@@ -42,7 +43,7 @@ class RandomWalk:
             self.k = min(self.max_k, max(0, self.k + self.rng.choice((-2, -1, 1, 2))))
         return self.k
 
-    def observe(self, k, accepted, draft_seconds, verify_seconds) -> None:
+    def observe(self, sample: RoundSample) -> None:
         pass
 
 
@@ -56,7 +57,7 @@ def random_profile(rng: random.Random) -> dict:
         slope = rng.uniform(0.04, 0.15) if kind == "mid" else rng.uniform(0.0005, 0.02)   # per token, x one pass
         points = {t: one_pass * (1 + slope * (t - 1)) for t in (1, 8, 64, 256)}
     draft = one_pass * (rng.uniform(0.05, 0.4) if kind == "cpu" else rng.uniform(0.1, 2.0))
-    return {"draft_seconds_per_token": draft, "verify_seconds_by_tokens": {str(t): s for t, s in points.items()},
+    return {"draft_seconds_per_token": draft, "forward_seconds_by_tokens": {str(t): s for t, s in points.items()},
             "batch_seq_overhead_seconds": 0.0}
 
 
@@ -74,7 +75,7 @@ def random_scenario(rng: random.Random, seed: int) -> dict:
     acceptance = random_acceptance(rng)
     profile = random_profile(rng)
     # a typical request's duration, to place the drifts inside the trace
-    span = requests * 128 * (float(profile["verify_seconds_by_tokens"]["1"]) + rtt / 1000) / 2
+    span = requests * 128 * (float(profile["forward_seconds_by_tokens"]["1"]) + rtt / 1000) / 2
     if rng.random() < 0.3:
         link["rtt_schedule"] = [[rng.uniform(0.2, 0.8) * span, rng.uniform(0, 200)]]
     if rng.random() < 0.4:
@@ -97,8 +98,8 @@ def behaviour(rng: random.Random, model: Mlp | None):
     if kind == "heuristic":
         return lambda t: HeuristicWindow(k=2, min_k=1, max_k=MAX_K)
     if kind == "goodput":
-        return lambda t: GoodputWindow(max_k=MAX_K)
-    return lambda t: AwcWindow(t, model, max_k=MAX_K, feeds_telemetry=False)
+        return lambda t: GoodputWindow(t, max_k=MAX_K)
+    return lambda t: AwcWindow(t, model, max_k=MAX_K)
 
 
 def traces(count: int, seed: int, model: Mlp | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +119,7 @@ def traces(count: int, seed: int, model: Mlp | None = None) -> tuple[np.ndarray,
             w[1] = 0.7 * w[1] + 0.3 * truth.other_tokens
             profile = truth.profile
             label = best_window(truth.alphas, truth.draft_per_token, truth.wire + w[0],
-                                lambda k: profile.verify_seconds(w[1] + k + 1), MAX_K)
+                                lambda k: profile.forward_seconds(w[1] + k + 1), MAX_K)
             xs.append(holder["sim"].telemetries[device].features(sample.k))
             ys.append(label)
 

@@ -23,7 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.control.telemetry import FEATURE_NAMES, RoundSample, Telemetry
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import FEATURE_NAMES, Telemetry
 
 WEIGHTS = Path(__file__).with_name("awc_weights.json")
 
@@ -72,10 +73,8 @@ def load_model(path: str | Path = WEIGHTS) -> Mlp:
 
 @dataclass(slots=True)
 class AwcWindow:
-    """WindowPolicy over a Telemetry. With `feeds_telemetry` (default) observe() records the round
-    into the telemetry itself (no verifier compute time or queue depth: those come only with a full
-    RoundSample); a caller that has the full sample records it and passes feeds_telemetry=False,
-    or calls observe_sample()."""
+    """WindowPolicy over the session's Telemetry, which the round loop records every round into
+    before it calls observe()."""
     telemetry: Telemetry
     model: Callable[[np.ndarray], float] = field(default_factory=load_model)
     max_k: int = 8                 # largest window, tokens
@@ -86,7 +85,6 @@ class AwcWindow:
     mode_margin: float = 0.25      # margin to enter or leave k = 0
     mode_hold_rounds: int = 6      # rounds to enter or leave k = 0
     probe_every: int = 16          # target-only rounds between single-token probes
-    feeds_telemetry: bool = True
     explore: bool = True           # try each window never measured once (see _unmeasured)
     explore_min_alpha: float = 0.3 # ... only while drafts are accepted at least this often per token
     smoothed: float | None = None  # EMA of the clamped prediction
@@ -118,18 +116,8 @@ class AwcWindow:
                 return k
         return None
 
-    def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        if self.feeds_telemetry:
-            self.telemetry.record(RoundSample(k, accepted, draft_seconds, verify_seconds))
-        self._decide(k)
-
-    def observe_sample(self, sample: RoundSample) -> None:
-        """The simulator and a telemetry-aware coordinator call this after telemetry.record(sample)."""
-        if self.feeds_telemetry:
-            self.telemetry.record(sample)
-        self._decide(sample.k)
-
-    def _decide(self, k: int) -> None:
+    def observe(self, sample: RoundSample) -> None:
+        k = sample.k
         self._idle_rounds = self._idle_rounds + 1 if k == 0 else 0
         self.raw = min(float(self.max_k), max(0.0, self.model(self.telemetry.features(k))))
         s = self.smoothing

@@ -4,8 +4,10 @@ Per drafter (an *arm*), a ridge regression predicts the per-token acceptance α
 from request features (the prompt's category signals, its length, whether it
 carries code to edit). The router picks the arm with the best expected goodput,
 
-    rate(arm) = E(k, α) / (k · t_draft(arm) + t_verify)      maximised over k,
+    rate(arm) = E(k, α) / (k · t_draft(arm) + t_verify)      maximised over k ≥ 1,
 
+(edgespec.control.goodput: the formula and the argmax the window policies use; t_verify is one
+verify round trip as the coordinator measures it, wire included),
 with an optimism bonus (LinUCB: α + β·sqrt(xᵀA⁻¹x)) so an arm it knows little
 about still gets tried. A session then learns online: after a few rounds it
 compares the acceptance it *observes* from its drafter with what the others
@@ -26,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from edgespec.control.categories import categorize
-from edgespec.control.window import expected_tokens
+from edgespec.control.goodput import best_rate
 
 FEATURES = ("bias", "code", "qa", "chat", "log_prompt_chars", "code_block")
 WEIGHTS_FILE = "router_weights.json"
@@ -73,18 +75,18 @@ class Decision:
 
 
 class Router:
-    def __init__(self, arms: Sequence[Arm], verify_seconds: float = 0.5, max_k: int = 8, explore: float = 0.1):
+    def __init__(self, arms: Sequence[Arm], verify_wall_seconds: float = 0.5, max_k: int = 8, explore: float = 0.1):
         if not arms:
             raise ValueError("a router needs at least one drafter")
         self.arms = {arm.name: arm for arm in arms}
-        self.verify_seconds = verify_seconds    # one verify round trip, seconds (the coordinator updates it)
+        self.verify_wall_seconds = verify_wall_seconds   # one verify round trip, seconds (the coordinator updates it)
         self.max_k = max_k
         self.explore = explore
 
     def rate(self, arm: Arm, alpha: float) -> float:
-        """Expected tokens/s of ``arm`` at acceptance ``alpha``, at its best window."""
-        return max(expected_tokens([alpha] * k, k) / (k * arm.draft_seconds_per_token + self.verify_seconds)
-                   for k in range(1, self.max_k + 1))
+        """Expected tokens/s of ``arm`` at acceptance ``alpha``, at its best window (k >= 1: an arm drafts)."""
+        return best_rate([alpha] * self.max_k, arm.draft_seconds_per_token, self.verify_wall_seconds,
+                         lambda k: 0.0, self.max_k, min_k=1)[1]
 
     def choose(self, x: np.ndarray) -> Decision:
         alphas = {name: arm.predict(x, self.explore) for name, arm in self.arms.items()}

@@ -1,7 +1,7 @@
 """Per-round telemetry, gathered where it happens, read by window control (docs/architecture.md §2, §4).
 
-Pure: no grpc, torch or asyncio. The coordinator (or the simulator) records one RoundSample per round;
-window policies read the estimates, AWC reads `features()`.
+Pure: no grpc, torch or asyncio. The round loop records each round's RoundSample (edgespec.control.sample);
+window policies read the estimates (the goodput policy through `goodput_window`), AWC reads `features()`.
 
 All EMAs use the same weight `smoothing` for a new observation. The link RTT is estimated as the
 coordinator-measured verify round trip minus the verifier-reported forward time, so it includes the
@@ -15,32 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.control.window import best_window, expected_tokens
-
-
-@dataclass(slots=True, frozen=True)
-class RoundSample:
-    k: int                               # tokens drafted (window size); 0 = target-only round
-    accepted: int                        # n, draft tokens the verifier accepted (0 <= n <= k)
-    draft_seconds: float                 # drafter time for the whole window
-    verify_wall_seconds: float           # coordinator-measured verify round trip (wire + queue + forward)
-    verify_compute_seconds: float = 0.0  # verifier-reported forward time for this window (0 = not reported)
-    queue_depth: int = 0                 # verifier-reported windows waiting when this one was scored
-    link: str = ""                       # verifier address the window went to
-    committed: int = -1                  # tokens committed this round; -1 = accepted + 1
-    round_seconds: float = -1.0          # round wall time; -1 = draft + verify wall
-
-    @property
-    def tokens(self) -> int:
-        return self.accepted + 1 if self.committed < 0 else self.committed
-
-    @property
-    def wall(self) -> float:
-        return self.draft_seconds + self.verify_wall_seconds if self.round_seconds < 0 else self.round_seconds
-
-    @property
-    def rtt(self) -> float:
-        return max(0.0, self.verify_wall_seconds - self.verify_compute_seconds)
+from edgespec.control.goodput import best_window, expected_tokens
+from edgespec.control.sample import RoundSample
 
 
 def _ema(old: float | None, new: float, s: float) -> float:
@@ -192,18 +168,29 @@ class Telemetry:
         num = sum((k - mk) * (t - mt) for k, t in zip(ks, ts))
         return max(0.0, num / sum((k - mk) ** 2 for k in ks))
 
-    def verify_estimate(self, k: int) -> float:
-        """Verifier forward seconds for a window of k: measured EMA, else t_ref plus the slope."""
+    def verify_estimate(self, k: int, optimistic: bool = False) -> float:
+        """Verifier forward seconds for a window of k: the measured EMA; for a window not measured yet, t_ref
+        plus the slope, or (``optimistic``) the cost of the nearest smaller measured window (else the
+        smallest measured one; 0 while the verifier reports no forward time), so that it gets tried."""
         if k in self.verify_compute:
             return self.verify_compute[k]
+        if optimistic:
+            if not self.verify_compute:
+                return 0.0
+            below = [m for m in self.verify_compute if m <= k]
+            return self.verify_compute[max(below) if below else min(self.verify_compute)]
         ref_k = min(self.verify_compute) if self.verify_compute else 0
         return self.reference_seconds() + self.verify_slope_seconds() * (k - ref_k)
 
-    def goodput_window(self) -> int:
-        """argmax_k E(k) / (k t_draft + RTT + t_verify(k)) over [0, max_k] from these estimates: the
-        analytic answer of docs/architecture.md §4, given to AWC as one feature among the others."""
-        return best_window(self.alpha, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
-                           lambda k: max(1e-6, self.verify_estimate(k)), self.max_k)
+    def goodput_window(self, max_k: int | None = None, optimistic: bool = False) -> int:
+        """argmax_k E(k) / (k t_draft + RTT + t_verify(k)) over [0, max_k] (default: the positions tracked)
+        from these estimates: the analytic answer of docs/architecture.md §4. AWC gets it as one feature
+        among the others; the goodput policy follows it with ``optimistic`` costing of unmeasured windows.
+        Past the positions tracked, acceptance is taken to stay at the last tracked position's."""
+        max_k = self.max_k if max_k is None else max_k
+        alphas = self.alpha + self.alpha[-1:] * (max_k - len(self.alpha)) if max_k > len(self.alpha) else self.alpha
+        return best_window(alphas, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+                           lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k)
 
     def link_stats(self, link: str | None = None) -> LinkStats:
         return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)

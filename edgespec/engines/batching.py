@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from edgespec.errors import EdgespecError, ResourceExhausted, Unavailable
-from edgespec.engines.verifier import Usage, VerifierEngine, WindowRequest, WindowResult
+from edgespec.engines.verifier import Usage, VerifierEngine, WindowResult
 from edgespec.engines.worker import ModelWorker
+from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class VerifyScheduler:
         self.on_reject = on_reject   # a window refused: the queue was full (metrics)
         self.streams = 0        # open VerifyStream calls: sessions that may send a window soon
         self.rejected = 0       # windows refused because the queue was full
-        self._queue: deque[tuple[WindowRequest, asyncio.Future]] = deque()
+        self._queue: deque[tuple[tuple[str, Window], asyncio.Future]] = deque()   # ((session_id, window), result)
         self._arrived = asyncio.Event()
         self._runner: asyncio.Task | None = None
         self._batch_seconds: float | None = None   # EMA of one forward, for the retry hint
@@ -74,7 +75,7 @@ class VerifyScheduler:
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    async def verify(self, request: WindowRequest) -> tuple[WindowResult, int]:
+    async def verify(self, session_id: str, window: Window) -> tuple[WindowResult, int]:
         """The window's result and the windows still waiting when its batch started."""
         if len(self._queue) >= self.policy.max_queue:
             self.rejected += 1
@@ -83,7 +84,7 @@ class VerifyScheduler:
             raise ResourceExhausted(f"verifier overloaded: {len(self._queue)} windows already waiting "
                                     f"(--max-queue {self.policy.max_queue})", retry_after_seconds=self.retry_after())
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future))
+        self._queue.append(((session_id, window), future))
         self._arrived.set()
         if self._runner is None or self._runner.done():
             self._runner = asyncio.ensure_future(self._run())
@@ -117,9 +118,10 @@ class VerifyScheduler:
                 else:
                     future.set_result((result, waiting))
             if self.on_batch is not None and usage is not None:
-                self.on_batch(BatchDone(len(batch), sum(len(r.draft) + 1 for r, _ in batch), seconds, waiting, usage))
+                self.on_batch(BatchDone(len(batch), sum(len(w.draft) + 1 for (_, w), _ in batch), seconds, waiting,
+                                        usage))
 
-    def _verify(self, requests: list[WindowRequest]) -> tuple[list[WindowResult | EdgespecError], Usage]:
+    def _verify(self, requests: list[tuple[str, Window]]) -> tuple[list[WindowResult | EdgespecError], Usage]:
         """On the model worker: the batch, then the engine's usage (read where it cannot change meanwhile)."""
         return self.engine.verify_batch(requests), self.engine.usage()
 
@@ -139,16 +141,16 @@ class VerifyScheduler:
             except asyncio.TimeoutError:
                 return
 
-    def _take(self) -> list[tuple[WindowRequest, asyncio.Future]]:
+    def _take(self) -> list[tuple[tuple[str, Window], asyncio.Future]]:
         """Up to max_batch queued windows of distinct sessions, oldest first; the rest keep their order."""
         batch, kept, sessions = [], deque(), set()
         while self._queue:
             request, future = self._queue.popleft()
             if future.done():
                 continue          # cancelled while waiting: never verified
-            if len(batch) < self.policy.max_batch and request.session_id not in sessions:
+            if len(batch) < self.policy.max_batch and request[0] not in sessions:
                 batch.append((request, future))
-                sessions.add(request.session_id)
+                sessions.add(request[0])
             else:
                 kept.append((request, future))
         self._queue = kept

@@ -25,6 +25,7 @@ from edgespec.engines.limits import check_draft_probs, check_prefix, check_sessi
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
+from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +55,11 @@ class VerifierLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class WindowRequest:
-    session_id: str
-    base_position: int
-    draft: tuple[int, ...]
-    q: tuple[SparseDist, ...] = ()      # sampling drafters: q per draft token (empty = one-hot)
-    params_fingerprint: int = 0
-    parent: int | None = None           # optimistic window: the assumed token at base_position - 1
-
-
-@dataclass(frozen=True, slots=True)
 class WindowResult:
     verdict: Verdict | None  # None: an optimistic window whose assumption did not hold (discarded)
     base_position: int     # where the window started
     committed_position: int  # base_position + n + 1
-    verify_seconds: float  # target forward (shared by the batch) + verification, seconds
+    verify_compute_seconds: float  # target forward (shared by the batch) + verification, seconds
     batch_size: int = 1    # windows verified in the same forward pass
 
 
@@ -162,14 +153,14 @@ class VerifierEngine:
         Every check happens before any state changes, so a rejected window
         leaves the session exactly as it was.
         """
-        [result] = self.verify_batch([WindowRequest(session_id, base_position, tuple(draft), tuple(q),
-                                                    params_fingerprint, parent)])
+        [result] = self.verify_batch([(session_id, Window(0, base_position, tuple(draft), tuple(q),
+                                                          params_fingerprint, parent))])
         if isinstance(result, EdgespecError):
             raise result
         return result
 
-    def verify_batch(self, requests: Sequence[WindowRequest]) -> list[WindowResult | EdgespecError]:
-        """Verify windows of several sessions; one target forward per wave.
+    def verify_batch(self, requests: Sequence[tuple[str, Window]]) -> list[WindowResult | EdgespecError]:
+        """Verify (session_id, window) pairs of several sessions; one target forward per wave.
 
         Each request gets its result or its error (a bad window fails alone and
         changes nothing). Windows of distinct sessions share a forward pass;
@@ -181,18 +172,18 @@ class VerifierEngine:
         while remaining:
             wave, later, seen = [], [], set()
             for i in remaining:
-                (later if requests[i].session_id in seen else wave).append(i)
-                seen.add(requests[i].session_id)
+                (later if requests[i][0] in seen else wave).append(i)
+                seen.add(requests[i][0])
             self._verify_wave(requests, wave, results)
             remaining = later
         return results
 
-    def _verify_wave(self, requests: Sequence[WindowRequest], wave: list[int],
+    def _verify_wave(self, requests: Sequence[tuple[str, Window]], wave: list[int],
                      results: list[WindowResult | EdgespecError | None]) -> None:
         scored: list[tuple[int, _Session]] = []
         for i in wave:
             try:
-                immediate, session = self._admit(requests[i])
+                immediate, session = self._admit(*requests[i])
             except EdgespecError as error:
                 results[i] = error
                 continue
@@ -203,12 +194,12 @@ class VerifierEngine:
         if not scored:
             return
         started = time.perf_counter()
-        seqs = [session.committed + list(requests[i].draft) for i, session in scored]
+        seqs = [session.committed + list(requests[i][1].draft) for i, session in scored]
         restoring = sum(self.target.cached_length(s.kv) == 0 and len(s.committed) > 1 for _, s in scored)
         try:
             # Logits after committed[-1] and after each draft token: k + 1 rows per window.
             rows = self.target.logits_rows_batch([s.kv for _, s in scored], seqs,
-                                                 [len(requests[i].draft) + 1 for i, _ in scored])
+                                                 [len(requests[i][1].draft) + 1 for i, _ in scored])
         except Exception as error:   # a failed forward (e.g. out of memory): every window in it fails, none commits
             log.exception("target forward over %d windows failed", len(scored))
             for i, session in scored:
@@ -220,45 +211,45 @@ class VerifierEngine:
         self.restores += restoring
         seconds = time.perf_counter() - started
         for (i, session), logits in zip(scored, rows):
-            results[i] = self._commit(session, requests[i], logits, seconds, len(scored))
+            results[i] = self._commit(session, requests[i][1], logits, seconds, len(scored))
 
-    def _admit(self, request: WindowRequest) -> tuple[WindowResult | None, _Session]:
+    def _admit(self, session_id: str, window: Window) -> tuple[WindowResult | None, _Session]:
         """Check a window; the result if it needs no forward (discarded, replayed), else None."""
-        session = self._get(request.session_id)
-        optimistic = request.parent is not None
-        self._check_window(session, request.base_position, request.draft, request.q, request.params_fingerprint,
+        session = self._get(session_id)
+        optimistic = window.parent is not None
+        self._check_window(session, window.base_position, window.draft, window.q, window.params_fingerprint,
                            optimistic)
         session.last_used = self.clock()
         committed = len(session.committed)
-        base = request.base_position
-        if optimistic and (base > committed or (base == committed and session.committed[-1] != request.parent)):
+        base = window.base_position
+        if optimistic and (base > committed or (base == committed and session.committed[-1] != window.parent)):
             return WindowResult(None, base, committed, 0.0), session
         if base < committed:
-            return self._replay(session, base, (request.draft, request.q), optimistic), session
-        self._make_room(committed + len(request.draft), keep=(request.session_id,))
+            return self._replay(session, base, (window.draft, window.q), optimistic), session
+        self._make_room(committed + len(window.draft), keep=(session_id,))
         return None, session
 
-    def _commit(self, session: _Session, request: WindowRequest, logits: np.ndarray, forward_seconds: float,
+    def _commit(self, session: _Session, window: Window, logits: np.ndarray, forward_seconds: float,
                 batch_size: int) -> WindowResult:
         started = time.perf_counter()
-        draft, q, params = request.draft, request.q, session.params
+        draft, q, params = window.draft, window.q, session.params
         if params.relaxation.lossy:
-            verdict = verify_relaxed(draft, q or None, logits, params, request.base_position, self.eos_ids, self._head)
+            verdict = verify_relaxed(draft, q or None, logits, params, window.base_position, self.eos_ids, self._head)
         elif params.greedy:
             verdict = verify_greedy(draft, np.argmax(logits, axis=-1).tolist(), self.eos_ids)
         elif params.coupled:
             p = np.stack([warp(row, params) for row in logits])
-            verdict = verify_coupled(draft, p, params.seed, request.base_position, self.eos_ids)
+            verdict = verify_coupled(draft, p, params.seed, window.base_position, self.eos_ids)
         else:
             p = np.stack([warp(row, params) for row in logits])
-            verdict = verify_sampling(draft, q or None, p, params.seed, request.base_position, self.eos_ids)
+            verdict = verify_sampling(draft, q or None, p, params.seed, window.base_position, self.eos_ids)
         verdict = replace(verdict, target_logprob=committed_logprob(logits, verdict.committed(draft)))
         session.committed.extend(verdict.committed(draft))
         # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
         self.target.crop(session.kv, len(session.committed) - 1)
-        result = WindowResult(verdict, request.base_position, len(session.committed),
+        result = WindowResult(verdict, window.base_position, len(session.committed),
                               forward_seconds + time.perf_counter() - started, batch_size)
-        session.replies[request.base_position] = ((draft, q), result)
+        session.replies[window.base_position] = ((draft, q), result)
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)
         return result

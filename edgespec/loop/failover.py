@@ -15,24 +15,26 @@ position), so a resent window gets the verdict the lost one would have had:
 no committed token is lost, repeated or changed.
 
 Transport-free: endpoints are any objects with the EndpointPort methods (gRPC
-clients in the coordinator, in-process engines in tests).
+clients in the coordinator, in-process engines in tests, modelled links and
+verifiers in the simulator). Every verdict leaves with the address of the
+verifier that gave it (Verdict.verifier). Time is the event loop's clock.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
-from edgespec.observe.metrics import CoordinatorMetrics
 from edgespec.loop.pool import VerifierPool
-from edgespec.verify.sampling import SamplingParams
-from edgespec.loop.rounds import Window
+from edgespec.loop.rounds import now
+from edgespec.observe.metrics import CoordinatorMetrics
 from edgespec.observe.tracing import SESSION_ID, tracer
 from edgespec.verify.greedy import Verdict
+from edgespec.verify.sampling import SamplingParams
+from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,10 @@ class FailoverVerifier:
             except ResourceExhausted as error:
                 # Overloaded but alive (a retry hint): the session is intact there, so back off and
                 # resend rather than re-home; re-home only if it stays overloaded past the deadline.
-                now = time.monotonic()
-                overloaded_since = overloaded_since or now
-                if error.retry_after_seconds is None or now - overloaded_since >= self.recovery_deadline:
+                at = now()
+                if overloaded_since is None:
+                    overloaded_since = at
+                if error.retry_after_seconds is None or at - overloaded_since >= self.recovery_deadline:
                     await self._recover(session_id, pinned, epoch, error, unreachable=True)
                     continue
                 pinned.stats.overload_waits += 1
@@ -136,7 +139,7 @@ class FailoverVerifier:
                     pass
                 continue
             pinned.committed.extend(verdict.committed(window.draft))
-            return verdict
+            return verdict if verdict.verifier == address else replace(verdict, verifier=address)
 
     async def close(self, session_id: str) -> None:
         pinned = self._sessions.pop(session_id, None)
@@ -154,7 +157,7 @@ class FailoverVerifier:
             if pinned.epoch != epoch:      # another in-flight window already recovered the session
                 return
             old = pinned.address
-            started = time.monotonic()
+            started = now()
             if unreachable:
                 ban = self.pool.ban(old)
                 log.warning("session %s: verifier %s failed (%s); banned for %.1fs, re-homing",
@@ -168,7 +171,7 @@ class FailoverVerifier:
                     "edgespec.from_verifier": old}) as span:
                 await self._home(session_id, pinned, prefer=None if unreachable else old)
                 span.set_attribute("edgespec.to_verifier", pinned.address)
-            seconds = time.monotonic() - started
+            seconds = now() - started
             pinned.stats.failovers += 1
             pinned.stats.recovery_seconds += seconds
             if self.metrics is not None:
@@ -180,7 +183,7 @@ class FailoverVerifier:
 
     async def _home(self, session_id: str, pinned: _Pinned, prefer: str | None) -> None:
         """Open the session with its committed prefix on a usable verifier, waiting up to the deadline."""
-        deadline = time.monotonic() + self.recovery_deadline
+        deadline = now() + self.recovery_deadline
         refusals = 0
         while True:
             if pinned.closed:
@@ -188,7 +191,7 @@ class FailoverVerifier:
             ready = self.pool.available()
             address = prefer if prefer in ready else (ready[0] if ready else None)
             if address is None:
-                if time.monotonic() >= deadline:
+                if now() >= deadline:
                     raise Unavailable(f"no verifier reachable within {self.recovery_deadline:.0f}s "
                                       f"(pool: {', '.join(self.pool.endpoints)})")
                 await asyncio.sleep(POLL_SECONDS)
@@ -200,7 +203,7 @@ class FailoverVerifier:
                 # fault of the verifier, so no ban. Wait (at least its retry hint) and ask the same one again.
                 refusals += 1
                 delay = open_retry_delay(error.retry_after_seconds, refusals)
-                if time.monotonic() + delay > deadline:
+                if now() + delay > deadline:
                     raise ResourceExhausted(f"session {session_id}: verifier {address} kept refusing it for "
                                             f"{self.recovery_deadline:.0f}s: {error}",
                                             error.retry_after_seconds) from error

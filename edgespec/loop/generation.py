@@ -100,7 +100,7 @@ class GenerationStats:
     seconds: float                 # wall time from request to last token, seconds
     tokens_per_second: float       # new_tokens / seconds
     draft_seconds: float           # waiting on the drafter, seconds
-    verify_seconds: float          # waiting on the verifier (incl. wire), seconds
+    verify_wall_seconds: float     # waiting on the verifier (wire, queue and forward), seconds
     finish_reason: str             # "eos" | "length" | "unverified" (degraded: ended on drafter tokens)
     verifier: str                  # address of the verifier that served the session last
     prefill_seconds: float         # request to verifier session open (prefill included), seconds
@@ -244,7 +244,7 @@ class Generations:
             prompt_tokens=len(plan.prompt), new_tokens=new, rounds=rounds.rounds, drafted_tokens=rounds.drafted,
             accepted_tokens=rounds.accepted, acceptance_rate=rounds.acceptance_rate,
             mean_accepted_length=rounds.mean_accepted_length, seconds=seconds, tokens_per_second=new / seconds,
-            draft_seconds=rounds.draft_seconds, verify_seconds=rounds.verify_seconds,
+            draft_seconds=rounds.draft_seconds, verify_wall_seconds=rounds.verify_wall_seconds,
             finish_reason=session.finish_reason or "", verifier=served_by, prefill_seconds=prefill,
             seed=params.seed, verification=verification_label(params), failovers=failover.failovers,
             recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified, pipelined=pipelined,
@@ -297,10 +297,10 @@ class Generations:
         if window >= 0:
             return FixedWindow(window)
         if self.config.auto_policy == "awc":     # reads the telemetry the round loop records
-            return AwcWindow(telemetry, max_k=max_k, k=min(2, max_k), feeds_telemetry=False)
+            return AwcWindow(telemetry, max_k=max_k, k=min(2, max_k))
         if self.config.auto_policy == "heuristic":
             return HeuristicWindow(k=min(2, max_k), max_k=max_k)
-        return GoodputWindow(max_k=max_k)
+        return GoodputWindow(telemetry, max_k=max_k)
 
     async def _verifier_info(self) -> VerifierInfo:
         """Vocabulary and EOS ids, from the first verifier that answers (cached)."""
@@ -321,7 +321,7 @@ class Generations:
         if self.router is None:
             return next(iter(self.drafters.values()))
         if telemetry.verify_wall is not None:
-            self.router.verify_seconds = telemetry.verify_wall   # what earlier sessions measured
+            self.router.verify_wall_seconds = telemetry.verify_wall   # what earlier sessions measured
         x = request_features(prompt)
         decision = self.router.choose(x)
         log.info("session %s: drafter %s (predicted acceptance %s; tok/s %s)", session_id, decision.drafter,

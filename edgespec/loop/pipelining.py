@@ -13,43 +13,44 @@ while it is committed, and ended when the window is committed or dropped.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from edgespec.loop.rounds import Chunk, Rounds, Window, draft_window, end_round, in_round
+from edgespec.loop.rounds import Chunk, Rounds, draft_window, end_round, in_round, now
+from edgespec.verify.window import Window
+
 
 @dataclass(slots=True)
 class _InFlight:
     window: Window
     verdict: asyncio.Task          # resolves to Verdict | None
-    sent: float                    # perf_counter when sent
+    sent: float                    # the loop's clock when sent (edgespec.loop.rounds.now)
     draft_seconds: float
     round: Span                    # the window's round span, ended on commit or _forget
 
 
 async def pipelined(rounds: Rounds) -> AsyncIterator[Chunk]:
-    log_ = rounds.log
+    session = rounds.session
     current: _InFlight | None = None  # the window whose verdict is awaited next
     ahead: _InFlight | None = None    # an optimistic window whose assumption held so far
     follow: _InFlight | None = None   # the optimistic window drafted during the current one
-    stats = log_.stats
+    stats = session.stats
     try:
-        while log_.finish_reason is None:
+        while session.finish_reason is None:
             if ahead is None:
                 round_ = rounds.start_round()
                 with in_round(round_):
-                    window, draft_seconds = await draft_window(rounds, log_.clamp_window(rounds.policy.choose()))
+                    window, draft_seconds = await draft_window(rounds, session.clamp_window(rounds.policy.choose()))
                     current = _InFlight(window, asyncio.ensure_future(rounds.verify(window)),
-                                        time.perf_counter(), draft_seconds, round_)
+                                        now(), draft_seconds, round_)
             else:
                 current, ahead = ahead, None
             follow = await _draft_ahead(rounds, current.window)
             verdict = await current.verdict
-            verify_seconds = time.perf_counter() - current.sent
+            verify_wall_seconds = now() - current.sent
             if verdict is None:       # an optimistic window that lost its assumption (e.g. after a failover)
                 end_round(current.round, "discarded by the verifier")
                 current = None
@@ -59,7 +60,7 @@ async def pipelined(rounds: Rounds) -> AsyncIterator[Chunk]:
                 continue
             committed, current = current, None
             with trace.use_span(committed.round, end_on_exit=True):
-                chunk = rounds.commit(committed.window, verdict, committed.draft_seconds, verify_seconds)
+                chunk = rounds.commit(committed.window, verdict, committed.draft_seconds, verify_wall_seconds)
             yield chunk
             if follow is None:
                 continue
@@ -80,10 +81,10 @@ async def pipelined(rounds: Rounds) -> AsyncIterator[Chunk]:
 
 async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
     """Draft and send window w+1 assuming ``window`` is fully accepted; None when that cannot help."""
-    log_ = rounds.log
+    session = rounds.session
     k = len(window.draft)
-    after_full = log_.remaining - (k + 1)           # budget left if the window is fully accepted
-    if k == 0 or any(t in log_.eos_ids for t in window.draft):
+    after_full = session.remaining - (k + 1)           # budget left if the window is fully accepted
+    if k == 0 or any(t in session.eos_ids for t in window.draft):
         return None
     # One draft call brings the bonus guess and window w+1: k_next + 1 tokens, within the drafter's limit.
     k_next = min(rounds.policy.choose(), after_full - 1, rounds.max_draft - 1)
@@ -94,17 +95,16 @@ async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
         k_next = min(k_next, int(costs.verify_wall / costs.draft_per_token) - 1)
     if k_next < 1:
         return None
-    started = time.perf_counter()
+    started = now()
     round_ = rounds.start_round(optimistic=True)
     with in_round(round_):
         drafted = await rounds.draft(k_next + 1, window.draft)   # the bonus guess, then window w+1
-        if drafted is None or drafted[0][0] in log_.eos_ids:
+        if drafted is None or drafted[0][0] in session.eos_ids:
             end_round(round_, "not sent: the drafter is down" if drafted is None else "not sent: EOS guessed")
             return None
         tokens, q = drafted
         follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])
-        return _InFlight(follow, asyncio.ensure_future(rounds.verify(follow)), time.perf_counter(),
-                         time.perf_counter() - started, round_)
+        return _InFlight(follow, asyncio.ensure_future(rounds.verify(follow)), now(), now() - started, round_)
 
 
 def _forget(pending: _InFlight, reason: str) -> None:

@@ -2,9 +2,16 @@
 
 Rounds keeps what the drafter has seen, numbers windows, opens the drafter
 lazily and reopens it after a fault (target-only rounds meanwhile), commits
-verdicts into the session log and the window policy, and runs the degraded
-draft-only stream. The loops themselves live in edgespec.loop.speculation (blocking)
-and edgespec.loop.pipelining.
+verdicts, and runs the degraded draft-only stream. The loops themselves live in
+edgespec.loop.speculation (blocking) and edgespec.loop.pipelining.
+
+One round, one record: ``Rounds.commit`` builds the round's RoundSample once and
+hands that same object to every consumer — the session's stats, the telemetry,
+the metrics (or any RoundSink), the round's span, the window policy and the
+drafter port. The verifier's address travels in the verdict (Verdict.verifier).
+
+Time is the event loop's clock (``now()``: asyncio's monotonic clock, or the
+simulated one when DSD-Sim runs these loops on its virtual-time event loop).
 
 Tracing: each window's round is a span, "round", with "draft", "verify" and
 "commit" children. The loops make a round's span current (trace.use_span) around
@@ -18,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Protocol, Sequence
@@ -26,14 +32,15 @@ from typing import AsyncIterator, Iterator, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import Telemetry
+from edgespec.control.window import WindowPolicy
 from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
-from edgespec.observe.metrics import CoordinatorMetrics
-from edgespec.verify.sampling import SamplingParams, SparseDist
 from edgespec.loop.session import SessionLog
-from edgespec.control.telemetry import RoundSample, Telemetry
 from edgespec.observe.tracing import SESSION_ID, tracer
 from edgespec.verify.greedy import Verdict
-from edgespec.control.window import WindowPolicy
+from edgespec.verify.sampling import SamplingParams, SparseDist
+from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +52,15 @@ DRAFTER_FAULTS = (Unavailable, NotFound, Aborted, ResourceExhausted)
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
-    seq: int                       # caller's window number, echoed in the verdict
-    base_position: int             # committed position the draft starts at
-    draft: tuple[int, ...]         # proposed tokens (empty = one target-only step)
-    q: tuple[SparseDist, ...] = () # sampling drafters: the distribution of each draft token
-    params_fingerprint: int = 0    # SamplingParams.fingerprint() the draft was made with
-    parent: int | None = None      # optimistic: the assumed token at base_position - 1
-
-
-@dataclass(frozen=True, slots=True)
 class Chunk:
     tokens: list[int]              # token ids, in order
     position: int                  # index of tokens[0] among the generated tokens
     unverified: bool = False       # drafter output no verifier checked (degraded mode)
+
+
+def now() -> float:
+    """The running event loop's clock, seconds: monotonic time, or simulated time under DSD-Sim."""
+    return asyncio.get_running_loop().time()
 
 
 class DrafterPort(Protocol):
@@ -66,28 +68,36 @@ class DrafterPort(Protocol):
     async def draft(self, session_id: str, base_position: int, append: Sequence[int],
                     k: int) -> tuple[list[int], list[SparseDist] | None]: ...
     async def close(self, session_id: str) -> None: ...
+    def observe(self, draft: Sequence[int], sample: RoundSample) -> None:
+        """The verdict on a window this port drafted (k > 0), as the round's sample."""
 
 
 class VerifierPort(Protocol):
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None: ...
     async def verify(self, session_id: str, window: Window) -> Verdict | None:
-        """The verdict; None when an optimistic window's assumption did not hold."""
+        """The verdict (with the answering verifier's address in Verdict.verifier, where the port knows it);
+        None when an optimistic window's assumption did not hold."""
     async def close(self, session_id: str) -> None: ...
+
+
+class RoundSink(Protocol):
+    """Where committed rounds are counted: the coordinator's metrics, the simulator's records."""
+    def round(self, sample: RoundSample) -> None: ...
 
 
 class Rounds:
     """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
 
-    def __init__(self, log: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
+    def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
-                 metrics: CoordinatorMetrics | None = None, max_draft: int = 16):
-        self.log, self.session_id, self.drafter, self.verifier = log, session_id, drafter, verifier
+                 metrics: RoundSink | None = None, max_draft: int = 16):
+        self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
-        self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (AWC)
+        self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (goodput, AWC)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
-        self.drafter_synced = log.position   # the drafter's first drafter_synced tokens are committed ones
+        self.drafter_synced = session.position   # the drafter's first drafter_synced tokens are committed ones
         # None while the drafter holds the session; else when to (re)open it there
         # (0 at the start: opened on the first draft, so a down drafter only costs speed).
         self.drafter_down_until: float | None = 0.0
@@ -112,7 +122,7 @@ class Rounds:
                 span.set_attribute("edgespec.discarded", True)
             else:
                 span.set_attributes({"edgespec.accepted": verdict.accepted,
-                                     "edgespec.verify_compute_seconds": verdict.compute_seconds,
+                                     "edgespec.verify_compute_seconds": verdict.verify_compute_seconds,
                                      "edgespec.queue_depth": verdict.queue_depth})
             return verdict
 
@@ -124,15 +134,15 @@ class Rounds:
             if not await self._drafter_ready():
                 span.set_attribute("edgespec.drafter_down", True)
                 return None
-            log_ = self.log
-            append = log_.committed[self.drafter_synced:] + list(speculative)
+            session = self.session
+            append = session.committed[self.drafter_synced:] + list(speculative)
             try:
-                result = await self.drafter.draft(self.session_id, log_.position + len(speculative), append, k)
+                result = await self.drafter.draft(self.session_id, session.position + len(speculative), append, k)
             except DRAFTER_FAULTS as error:
                 self._drafter_fault(error)
                 span.set_attribute("edgespec.drafter_down", True)
                 return None
-            self.drafter_synced = log_.position
+            self.drafter_synced = session.position
             return result
 
     def _drafter_fault(self, error: Exception) -> None:
@@ -149,48 +159,47 @@ class Rounds:
             seconds = DRAFTER_BACKOFF_SECONDS
             log.warning("session %s: drafter unavailable (%s); target-only rounds for %.1fs",
                         self.session_id, error, seconds)
-        self.drafter_down_until = time.monotonic() + seconds
+        self.drafter_down_until = now() + seconds
 
     async def _drafter_ready(self) -> bool:
         if self.drafter_down_until is None:
             return True
-        if time.monotonic() < self.drafter_down_until:
+        if now() < self.drafter_down_until:
             return False
         try:
-            await self.drafter.open(self.session_id, self.log.committed, self.params)
+            await self.drafter.open(self.session_id, self.session.committed, self.params)
         except DRAFTER_FAULTS as error:
             self._drafter_fault(error)
             return False
-        log.info("session %s: drafter opened at position %d", self.session_id, self.log.position)
+        log.info("session %s: drafter opened at position %d", self.session_id, self.session.position)
         self.drafter_down_until = None
         self.drafter_refusals = 0
-        self.drafter_synced = self.log.position
+        self.drafter_synced = self.session.position
         return True
 
-    def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_seconds: float) -> Chunk:
-        """Record the round and commit its tokens; call it with the round's span current."""
-        log_ = self.log
-        position = len(log_.generated)
-        log_.stats.draft_seconds += draft_seconds
-        log_.stats.verify_seconds += verify_seconds
-        address_of = getattr(self.verifier, "address_of", None)   # the failover port knows the link
-        sample = RoundSample(
-            len(window.draft), verdict.accepted, draft_seconds, verify_seconds, verdict.compute_seconds,
-            verdict.queue_depth, (address_of(self.session_id) if address_of else None) or "",
-            round_seconds=draft_seconds + verify_seconds)
+    def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_wall_seconds: float) -> Chunk:
+        """Commit the round's tokens and record the round, once, as the RoundSample every consumer reads:
+        the session's stats, the telemetry (before the policy, which may read it), the metrics, the round's
+        span, the window policy and the drafter port. Call it with the round's span current."""
+        session = self.session
+        sample = RoundSample(len(window.draft), verdict.accepted, draft_seconds, verify_wall_seconds,
+                             verdict.verify_compute_seconds, verdict.queue_depth, verdict.verifier,
+                             target_logprob=verdict.target_logprob)
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
             "edgespec.queue_depth": sample.queue_depth, "edgespec.verifier": sample.link})
         with tracer().start_as_current_span("commit"):
+            position = len(session.generated)
+            tokens = session.commit(window.draft, verdict)
+            session.stats.record(sample)
             self.telemetry.record(sample)
             if self.metrics is not None:
                 self.metrics.round(sample)
-            self.policy.observe(len(window.draft), verdict.accepted, draft_seconds, verify_seconds)
-            observe = getattr(self.drafter, "observe", None)   # a routed drafter learns from its verdicts
-            if observe is not None and window.draft:
-                observe(window.draft, verdict.accepted, draft_seconds)
-            return Chunk(log_.commit(list(window.draft), verdict), position)
+            self.policy.observe(sample)
+            if window.draft:
+                self.drafter.observe(window.draft, sample)   # a routed drafter learns from its verdicts
+            return Chunk(tokens, position)
 
     async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
         """No verifier: stream drafter tokens flagged unverified while looking for one.
@@ -201,24 +210,24 @@ class Rounds:
         the probe once more. Verified output resumes as soon as a probe succeeds;
         if none does, the generation ends "unverified".
         """
-        log_ = self.log
+        session = self.session
         provisional: list[int] = []
         probe = asyncio.ensure_future(self._reopen())
         try:
-            while (len(provisional) < max_unverified and not (provisional and provisional[-1] in log_.eos_ids)
-                   and len(log_.generated) + len(provisional) < log_.max_new_tokens):
+            while (len(provisional) < max_unverified and not (provisional and provisional[-1] in session.eos_ids)
+                   and len(session.generated) + len(provisional) < session.max_new_tokens):
                 if probe.done():
                     if probe.result():
                         return
                     probe = asyncio.ensure_future(self._reopen())
-                k = min(4, log_.max_new_tokens - len(log_.generated) - len(provisional))
+                k = min(4, session.max_new_tokens - len(session.generated) - len(provisional))
                 drafted = await self.draft(k, provisional)
                 if drafted is None:
                     raise Unavailable("no verifier reachable and the drafter is down")
                 tokens = drafted[0]
-                if any(t in log_.eos_ids for t in tokens):
-                    tokens = tokens[:next(i for i, t in enumerate(tokens) if t in log_.eos_ids) + 1]
-                yield Chunk(tokens, len(log_.generated) + len(provisional), unverified=True)
+                if any(t in session.eos_ids for t in tokens):
+                    tokens = tokens[:next(i for i, t in enumerate(tokens) if t in session.eos_ids) + 1]
+                yield Chunk(tokens, len(session.generated) + len(provisional), unverified=True)
                 provisional += tokens
             for _ in range(2):    # the probe in flight, then one full wait after the run ended
                 if await probe:
@@ -226,26 +235,26 @@ class Rounds:
                 probe = asyncio.ensure_future(self._reopen())
         finally:
             probe.cancel()
-        log_.unverified = len(provisional)
-        log_.finish_reason = "unverified"
+        session.unverified = len(provisional)
+        session.finish_reason = "unverified"
 
     async def _reopen(self) -> bool:
         """Re-open the session on a verifier with the committed prefix; False if none took it."""
         try:
-            await self.verifier.open(self.session_id, self.log.committed, self.params)
+            await self.verifier.open(self.session_id, self.session.committed, self.params)
         except Unavailable:
             return False
         log.info("session %s: a verifier is back; verified output resumes at position %d",
-                 self.session_id, self.log.position)
+                 self.session_id, self.session.position)
         return True
 
 
 async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
     """Draft a window of up to k tokens at the committed position (none if k = 0 or the drafter is down)."""
-    started = time.perf_counter()
+    started = now()
     drafted = await rounds.draft(k) if k > 0 else None
     draft, q = drafted if drafted is not None else ([], None)
-    return rounds.window(rounds.log.position, draft, q), (time.perf_counter() - started) if draft else 0.0
+    return rounds.window(rounds.session.position, draft, q), (now() - started) if draft else 0.0
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import logging
 from typing import Sequence
 
 from edgespec.control.router import Decision, SessionRouting
+from edgespec.control.sample import RoundSample
 from edgespec.loop.rounds import DrafterPort
 from edgespec.verify.sampling import SamplingParams, SparseDist
 
@@ -64,10 +65,11 @@ class RoutedDrafter:
         if errors:
             raise errors[0]
 
-    def observe(self, draft: Sequence[int], accepted: int, draft_seconds: float) -> None:
-        """A window's verdict (the round loop calls this): credit the drafter that drafted it."""
+    def observe(self, draft: Sequence[int], sample: RoundSample) -> None:
+        """A window's verdict (the round loop calls this): credit the drafter that drafted it, and tell it."""
         name = self._drafted.pop(tuple(draft), self.routing.current)
-        self.routing.observe(name, len(draft), accepted, draft_seconds)
+        self.routing.observe(name, sample.k, sample.accepted, sample.draft_seconds)
+        self.ports[name].observe(draft, sample)
 
     async def _switch(self, session_id: str, decision: Decision) -> None:
         """Open the session on the new drafter with what the old one has seen (append included)."""

@@ -1,11 +1,14 @@
 """The coordinator's record of one generation: committed tokens and round stats.
 
-Pure bookkeeping; the round loop (edgespec/loop/speculation.py) feeds it verdicts.
+Pure bookkeeping; the round loop (edgespec/loop/rounds.py) commits each verdict's tokens here and
+counts the round from its RoundSample.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
+from edgespec.control.sample import RoundSample
 from edgespec.verify.greedy import Verdict
 
 
@@ -15,11 +18,20 @@ class RoundStats:
     drafted: int = 0           # draft tokens proposed
     accepted: int = 0          # draft tokens accepted
     draft_seconds: float = 0.0   # waiting on the drafter, seconds
-    verify_seconds: float = 0.0  # waiting on the verifier (incl. wire), seconds
+    verify_wall_seconds: float = 0.0  # waiting on the verifier (wire, queue and forward), seconds
     optimistic_windows: int = 0  # pipelining: windows drafted ahead and sent before the previous verdict
     optimistic_hits: int = 0     # of those, the ones whose assumption held (verified, not discarded)
     degraded: int = 0            # times no verifier was reachable and unverified drafting began
     target_logprob: float = 0.0  # sum of the target's T=1 log-probabilities of the verified tokens (nats)
+
+    def record(self, sample: RoundSample) -> None:
+        """Count one committed round."""
+        self.rounds += 1
+        self.drafted += sample.k
+        self.accepted += sample.accepted
+        self.draft_seconds += sample.draft_seconds
+        self.verify_wall_seconds += sample.verify_wall_seconds
+        self.target_logprob += sample.target_logprob
 
     @property
     def acceptance_rate(self) -> float:
@@ -58,18 +70,14 @@ class SessionLog:
         """Largest window that cannot overshoot the budget: a round commits up to k + 1."""
         return max(0, min(k, self.remaining - 1))
 
-    def commit(self, draft: list[int], verdict: Verdict) -> list[int]:
-        """Record one round; return the newly committed tokens."""
+    def commit(self, draft: Sequence[int], verdict: Verdict) -> list[int]:
+        """Commit one round's tokens; return them. (The round is counted by stats.record, from its sample.)"""
         if verdict.accepted > len(draft):
             raise ValueError(f"verdict accepts {verdict.accepted} of {len(draft)} draft tokens")
         tokens = verdict.committed(draft)
         if len(tokens) > self.remaining:
             raise ValueError(f"round commits {len(tokens)} tokens but only {self.remaining} remain")
         self.generated.extend(tokens)
-        self.stats.rounds += 1
-        self.stats.drafted += len(draft)
-        self.stats.accepted += verdict.accepted
-        self.stats.target_logprob += verdict.target_logprob
         if tokens[-1] in self.eos_ids:
             self.finish_reason = "eos"
         elif self.remaining == 0:

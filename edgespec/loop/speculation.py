@@ -22,29 +22,28 @@ streams unverified drafter tokens — flagged — until a verifier is back.
 from __future__ import annotations
 
 import logging
-import time
 from typing import AsyncIterator
 
 from opentelemetry import trace
 
-from edgespec.errors import Unavailable
-from edgespec.observe.metrics import CoordinatorMetrics
-from edgespec.loop.pipelining import pipelined
-from edgespec.loop.rounds import Chunk, DrafterPort, Rounds, VerifierPort, Window, draft_window
-from edgespec.verify.sampling import SamplingParams
-from edgespec.loop.session import SessionLog
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
+from edgespec.errors import Unavailable
+from edgespec.loop.pipelining import pipelined
+from edgespec.loop.rounds import Chunk, DrafterPort, RoundSink, Rounds, VerifierPort, draft_window, now
+from edgespec.loop.session import SessionLog
+from edgespec.verify.sampling import SamplingParams
+from edgespec.verify.window import Window
 
-__all__ = ["Chunk", "DrafterPort", "VerifierPort", "Window", "speculate"]
+__all__ = ["Chunk", "DrafterPort", "RoundSink", "VerifierPort", "Window", "speculate"]
 
 log = logging.getLogger(__name__)
 
 
-async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
+async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
-                    telemetry: Telemetry | None = None, metrics: CoordinatorMetrics | None = None,
+                    telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
                     max_draft: int = 16) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
@@ -53,14 +52,15 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
     is opened on the first draft. The caller closes both.
     on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
     with at most ``max_unverified`` unverified tokens ahead of the verified ones.
-    telemetry: where each round is recorded (the policy may read the same object).
-    metrics: where each committed round is counted (None: nowhere). Spans go to the global tracer.
+    telemetry: where each round is recorded; a policy that reads telemetry (goodput, AWC) must be given
+    this same object (None: a fresh one).
+    metrics: where each committed round's sample is counted (None: nowhere). Spans go to the global tracer.
     max_draft: the most tokens one draft call may ask for (the drafter's max_window); the pipelined
     look-ahead asks for its bonus guess and the next window in one call, so it drafts at most max_draft - 1.
     """
-    rounds = Rounds(log_, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft)
+    rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft)
     loop = pipelined if pipeline else _blocking
-    while log_.finish_reason is None:
+    while session.finish_reason is None:
         try:
             async for chunk in loop(rounds):
                 yield chunk
@@ -68,18 +68,18 @@ async def speculate(log_: SessionLog, session_id: str, drafter: DrafterPort, ver
             if on_verifier_loss != "draft-only":
                 raise
             log.warning("session %s: %s; streaming unverified drafter tokens", session_id, error)
-            log_.stats.degraded += 1
+            session.stats.degraded += 1
             async for chunk in rounds.degraded(max_unverified):
                 yield chunk
 
 
 async def _blocking(rounds: Rounds) -> AsyncIterator[Chunk]:
-    log_ = rounds.log
-    while log_.finish_reason is None:
-        k = log_.clamp_window(rounds.policy.choose())
+    session = rounds.session
+    while session.finish_reason is None:
+        k = session.clamp_window(rounds.policy.choose())
         with trace.use_span(rounds.start_round(), end_on_exit=True):
             window, draft_seconds = await draft_window(rounds, k)
-            started = time.perf_counter()
+            started = now()
             verdict = await rounds.verify(window)
-            chunk = rounds.commit(window, verdict, draft_seconds, time.perf_counter() - started)
+            chunk = rounds.commit(window, verdict, draft_seconds, now() - started)
         yield chunk   # outside the span: a yield would leave it current in the consumer's code

@@ -14,7 +14,7 @@ from __future__ import annotations
 from opentelemetry import metrics
 from opentelemetry.metrics import Meter
 
-from edgespec.control.telemetry import RoundSample
+from edgespec.control.sample import RoundSample
 
 METER_NAME = "edgespec"
 

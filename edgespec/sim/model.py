@@ -1,25 +1,39 @@
-"""DSD-Sim's model: cost profiles, acceptance, links, batching verifiers and edge devices, on SimPy.
+"""DSD-Sim's model: cost profiles, acceptance, links, batching verifiers and edge devices.
 
-One device runs generation requests; each request is rounds of
+Every device runs the library's own round loop — edgespec.loop.speculation.speculate, the blocking round of
+docs/architecture.md §2 — with the coordinator's verifier port (edgespec.loop.failover.FailoverVerifier over
+edgespec.loop.pool.VerifierPool, one pool shared by the fleet, as behind a load balancer) and the real window
+policies and telemetry, on a virtual-time asyncio event loop (edgespec.sim.clock). The simulator supplies
+only what the loop talks to, as ports that take modelled time:
 
-    draft k tokens (k * t_draft) -> uplink -> verifier queue -> batch forward -> downlink -> commit n + 1
+    drafter port   k * t_draft; which of its k tokens the target will accept (per-position Bernoulli)
+    link           uplink -> the verifier's queue -> its batch forward -> downlink, per device and verifier
+    verifier       batches windows: one forward over the batch's tokens (the cost profile)
 
-exactly the blocking round of docs/architecture.md §2. The window policy and the telemetry are the real
-ones (edgespec.control.window, edgespec.control.awc, edgespec.control.telemetry); the simulator only supplies time.
+Each committed round's RoundSample (the loop's one record of a round) comes back through the loop's RoundSink
+(Device.round) into the records, and to an optional observer with the round's true parameters (training).
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
 import math
 import random
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
-import simpy
-
-from edgespec.control.telemetry import RoundSample, Telemetry
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import Telemetry
+from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.pool import VerifierPool
+from edgespec.loop.session import SessionLog
+from edgespec.loop.speculation import speculate
+from edgespec.sim.clock import VirtualTimeLoop
+from edgespec.verify.greedy import Verdict
+from edgespec.verify.sampling import SamplingParams
+from edgespec.verify.window import Window
 
 WINDOW_BYTES = 52      # a Window message with one-hot q: 52 + 3 bytes per drafted token (tools/wire_bytes)
 WINDOW_TOKEN_BYTES = 3
@@ -30,19 +44,22 @@ MIN_RTO = 0.2          # Linux TCP minimum retransmission timeout, seconds
 @dataclass(slots=True, frozen=True)
 class CostProfile:
     draft_seconds_per_token: float          # edge drafter, seconds per drafted token
-    verify_points: tuple[tuple[int, float], ...]   # (tokens scored in one pass, seconds), ascending
+    forward_points: tuple[tuple[int, float], ...]  # (tokens scored in one verifier forward pass, seconds), ascending
     batch_seq_overhead_seconds: float = 0.0  # extra forward seconds per window in a batch beyond the first
     source: str = ""
 
     @classmethod
     def from_dict(cls, spec: dict) -> "CostProfile":
-        points = tuple(sorted((int(t), float(s)) for t, s in spec["verify_seconds_by_tokens"].items()))
+        # "verify_seconds_by_tokens": the name profiles saved before 2026-12 use for the same forward times
+        by_tokens = spec["forward_seconds_by_tokens"] if "forward_seconds_by_tokens" in spec \
+            else spec["verify_seconds_by_tokens"]
+        points = tuple(sorted((int(t), float(s)) for t, s in by_tokens.items()))
         return cls(float(spec["draft_seconds_per_token"]), points,
                    float(spec.get("batch_seq_overhead_seconds", 0.0)), spec.get("source", ""))
 
-    def verify_seconds(self, tokens: float) -> float:
-        """One forward pass over `tokens` tokens: piecewise linear, last slope beyond the last point."""
-        pts = self.verify_points
+    def forward_seconds(self, tokens: float) -> float:
+        """One verifier forward pass over `tokens` tokens: piecewise linear, last slope beyond the last point."""
+        pts = self.forward_points
         if tokens <= pts[0][0] or len(pts) == 1:
             return pts[0][1]
         i = bisect.bisect_left([t for t, _ in pts], tokens)
@@ -50,7 +67,7 @@ class CostProfile:
         return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
 
     def batch_seconds(self, window_tokens: list[int]) -> float:
-        return self.verify_seconds(sum(window_tokens)) + self.batch_seq_overhead_seconds * (len(window_tokens) - 1)
+        return self.forward_seconds(sum(window_tokens)) + self.batch_seq_overhead_seconds * (len(window_tokens) - 1)
 
 
 REGIMES = {"code": 0.8, "chat": 0.5, "poor": 0.2}   # per-token agreement of draft and target
@@ -97,11 +114,15 @@ class LinkModel:
         return delay
 
 
+AGREE, DISAGREE = 1, 2   # draft token ids: one the target would also choose, one it would not
+GREEDY = SamplingParams()
+
+
 @dataclass(slots=True)
 class Job:
     """One window at the verifier."""
     tokens: int                 # k + 1 tokens scored
-    done: simpy.Event
+    done: asyncio.Future
     arrived: float = 0.0
     started: float = 0.0
     compute: float = 0.0        # forward seconds of the batch it rode in
@@ -109,69 +130,63 @@ class Job:
     batch_tokens: int = 0       # tokens of the whole batch
 
 
+def _wake_up(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Verifier:
     """Batches windows: a batch starts when `max_batch` windows wait or the oldest has waited
     `batch_wait` seconds, whichever is first; it costs the profile's batch_seconds."""
 
-    def __init__(self, env: simpy.Environment, name: str, profile: CostProfile, max_batch: int = 1,
-                 batch_wait: float = 0.0):
-        self.env, self.name, self.profile = env, name, profile
+    def __init__(self, name: str, profile: CostProfile, max_batch: int = 1, batch_wait: float = 0.0):
+        self.name, self.profile = name, profile
         self.max_batch, self.batch_wait = max(1, max_batch), batch_wait
         self.queue: deque[Job] = deque()
-        self.sessions = 0                 # devices currently pinned here (pool load)
         self.busy_seconds = 0.0
         self.batch_sizes = array("i")
         self.windows = 0
-        self._wake: simpy.Event | None = None
+        self._wake: asyncio.Future | None = None
         self._waiting_for = 0             # queue length that wakes the loop
-        env.process(self._run())
 
     def submit(self, job: Job) -> None:
-        job.arrived = self.env.now
+        job.arrived = asyncio.get_running_loop().time()
         self.queue.append(job)
         wake = self._wake
-        if wake is not None and len(self.queue) >= self._waiting_for and not wake.triggered:
-            wake.succeed()
+        if wake is not None and len(self.queue) >= self._waiting_for and not wake.done():
+            wake.set_result(None)
 
-    def _sleep(self, until_len: int, timeout: float | None):
-        self._wake = self.env.event()
+    def _sleep(self, until_len: int, timeout: float | None) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        wake = self._wake = loop.create_future()
         self._waiting_for = until_len
         if timeout is not None:
-            wake = self._wake
-            self.env.timeout(timeout).callbacks.append(lambda _e: wake.triggered or wake.succeed())
-        return self._wake
+            loop.call_later(timeout, _wake_up, wake)
+        return wake
 
-    def _run(self):
-        env, queue = self.env, self.queue
+    async def run(self) -> None:
+        """Serve batches until cancelled."""
+        loop, queue = asyncio.get_running_loop(), self.queue
         while True:
             if not queue:
-                yield self._sleep(1, None)
+                await self._sleep(1, None)
             if self.batch_wait > 0 and len(queue) < self.max_batch:
-                left = queue[0].arrived + self.batch_wait - env.now
+                left = queue[0].arrived + self.batch_wait - loop.time()
                 if left > 0:
-                    yield self._sleep(self.max_batch, left)
+                    await self._sleep(self.max_batch, left)
             self._wake = None
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             tokens = [j.tokens for j in batch]
             cost = self.profile.batch_seconds(tokens)
-            now, depth, total = env.now, len(queue), sum(tokens)
+            now, depth, total = loop.time(), len(queue), sum(tokens)
             for j in batch:
                 j.started, j.compute, j.queue_depth, j.batch_tokens = now, cost, depth, total
             self.busy_seconds += cost
             self.batch_sizes.append(len(batch))
             self.windows += len(batch)
-            yield env.timeout(cost)
+            await asyncio.sleep(cost)
             for j in batch:
-                j.done.succeed()
-
-
-class VerifierPool:
-    def __init__(self, verifiers: list[Verifier]):
-        self.verifiers = verifiers
-
-    def pick(self) -> Verifier:
-        """The least loaded verifier: fewest pinned sessions, then shortest queue, then first."""
-        return min(self.verifiers, key=lambda v: (v.sessions, len(v.queue)))
+                j.done.set_result(None)
 
 
 @dataclass(slots=True)
@@ -187,8 +202,8 @@ class Truth:
 
 
 @dataclass(slots=True)
-class Rounds:
-    """Per-round records of one run, as columns."""
+class Records:
+    """Per-round records of one run, as columns (from the rounds' RoundSamples)."""
     end: array = field(default_factory=lambda: array("d"))       # sim time the round committed, s
     device: array = field(default_factory=lambda: array("i"))
     k: array = field(default_factory=lambda: array("i"))
@@ -206,99 +221,194 @@ class DeviceSpec:
     tokens: int                 # new tokens per request
     think: float = 0.0          # mean exponential pause between requests, s
     start: float = 0.0          # first request time, s
-    prefill: float = 0.0        # seconds before the first round of a request
+    prefill: float = 0.0        # seconds the verifier takes to open a request's session
     draft_scale: float = 1.0    # this device's drafter speed relative to the profile
 
 
+class ModelledDrafter:
+    """The round loop's drafter port on one device: k tokens in k * t_draft. Acceptance is decided here,
+    where the text is: the first n tokens are ones the target agrees with (n: per-position Bernoulli of
+    the scenario's acceptance now, the longest successful prefix), the rest are not."""
+
+    def __init__(self, device: "Device"):
+        self.device = device
+
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
+        pass
+
+    async def draft(self, session_id: str, base_position: int, append: Sequence[int],
+                    k: int) -> tuple[list[int], None]:
+        device = self.device
+        k = min(k, device.max_k)                         # the drafter's max_window
+        alphas, rng = device.alphas(), device.rng
+        n = 0
+        while n < k and rng.random() < alphas[n]:
+            n += 1
+        await asyncio.sleep(k * device.draft_per_token)
+        return [AGREE] * n + [DISAGREE] * (k - n), None
+
+    async def close(self, session_id: str) -> None:
+        pass
+
+    def observe(self, draft: Sequence[int], sample: RoundSample) -> None:
+        pass
+
+
+class VerifierLink:
+    """One device's way to one verifier, as the failover port's endpoint: a window goes up the device's
+    link, waits in the verifier's queue, rides a batch forward, and its verdict comes back down."""
+
+    def __init__(self, device: "Device", verifier: Verifier):
+        self.device, self.verifier, self.address = device, verifier, verifier.name
+
+    async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
+        if self.device.spec.prefill > 0:
+            await asyncio.sleep(self.device.spec.prefill)
+
+    async def verify(self, session_id: str, window: Window) -> Verdict:
+        device, verifier = self.device, self.verifier
+        link, rng, k = device.spec.link, device.rng, len(window.draft)
+        rtt = device.rtt()
+        await asyncio.sleep(link.one_way(rng, WINDOW_BYTES + WINDOW_TOKEN_BYTES * k, rtt))
+        job = Job(k + 1, asyncio.get_running_loop().create_future())
+        verifier.submit(job)
+        await job.done
+        await asyncio.sleep(link.one_way(rng, VERDICT_BYTES, rtt))
+        n = 0
+        while n < k and window.draft[n] == AGREE:
+            n += 1
+        if device.observer is not None:
+            device.truth = Truth(device.alphas(), device.draft_per_token, rtt, link.expected_round_trip(rtt),
+                                 job.started - job.arrived, job.batch_tokens - job.tokens, verifier.profile)
+        return Verdict(n, AGREE, verify_compute_seconds=job.compute, queue_depth=job.queue_depth)
+
+    async def close(self, session_id: str) -> None:
+        pass
+
+    async def discard(self, session_id: str) -> None:
+        pass
+
+    def forget(self, session_id: str) -> None:
+        pass
+
+
+class _Links(dict):
+    """A device's endpoints by verifier address, made on first use."""
+
+    def __init__(self, device: "Device"):
+        super().__init__()
+        self.device = device
+
+    def __missing__(self, address: str) -> VerifierLink:
+        link = self[address] = VerifierLink(self.device, self.device.sim.verifiers[address])
+        return link
+
+
+class Device:
+    """One edge device: its requests, each a generation through the real round loop; the loop's RoundSink."""
+
+    def __init__(self, sim: "Simulation", index: int, spec: DeviceSpec, policy, telemetry: Telemetry,
+                 rng: random.Random):
+        self.sim, self.index, self.spec, self.policy, self.telemetry, self.rng = sim, index, spec, policy, telemetry, rng
+        self.max_k, self.observer = sim.max_k, sim.observer
+        self.draft_per_token = sim.profile.draft_seconds_per_token * spec.draft_scale
+        self.base_alphas: list[float] = []
+        self.truth: Truth | None = None   # the last verified window's, for the observer
+
+    def rtt(self) -> float:
+        sim = self.sim
+        return _scheduled(sim.rtt_schedule, sim.loop.time(), self.spec.link.rtt) if sim.rtt_schedule \
+            else self.spec.link.rtt
+
+    def alphas(self) -> list[float]:
+        sim = self.sim
+        return _scheduled(sim.alpha_schedule, sim.loop.time(), self.base_alphas) if sim.alpha_schedule \
+            else self.base_alphas
+
+    def round(self, sample: RoundSample) -> None:
+        """RoundSink: the round loop hands over every committed round here."""
+        rec = self.sim.records
+        rec.end.append(self.sim.loop.time())
+        rec.device.append(self.index)
+        rec.k.append(sample.k)
+        rec.accepted.append(sample.accepted)
+        rec.seconds.append(sample.wall)
+        if self.observer is not None:
+            self.observer(self.index, sample, self.truth)
+
+    async def run(self) -> None:
+        sim, spec, rng = self.sim, self.spec, self.rng
+        loop = sim.loop
+        verifier = FailoverVerifier(sim.pool, _Links(self))
+        drafter = ModelledDrafter(self)
+        if spec.start > 0:
+            await asyncio.sleep(spec.start)
+        for r in range(spec.requests):
+            if r and spec.think > 0:
+                await asyncio.sleep(rng.expovariate(1 / spec.think))
+            started = loop.time()
+            self.base_alphas = spec.acceptance(rng, started)
+            session_id = f"device-{self.index}-request-{r}"
+            session = SessionLog([], spec.tokens, frozenset())
+            await verifier.open(session_id, session.committed, GREEDY)
+            async for _ in speculate(session, session_id, drafter, verifier, self.policy, GREEDY,
+                                     telemetry=self.telemetry, metrics=self, max_draft=self.max_k):
+                pass
+            await verifier.close(session_id)
+            sim.records.request_seconds.append(loop.time() - started)
+            sim.records.request_tokens.append(len(session.generated))
+
+
+def _scheduled(schedule: list, now: float, default):
+    value = default
+    for t, v in schedule:
+        if t > now:
+            break
+        value = v
+    return value
+
+
 class Simulation:
-    """Devices, pool and records for one policy. `make_policy(telemetry)` builds a device's policy;
+    """Devices, verifiers, pool and records for one policy. `make_policy(telemetry)` builds a device's policy;
     `observer(device, sample, truth)` (optional) sees every round, for training traces."""
 
     def __init__(self, profile: CostProfile, pool_spec: dict, devices: list[DeviceSpec],
                  make_policy: Callable[[Telemetry], object], max_k: int, seed: int,
                  rtt_schedule: list[tuple[float, float]] | None = None,
                  alpha_schedule: list[tuple[float, list[float]]] | None = None,
-                 observer: Callable[[int, RoundSample, Truth], None] | None = None):
-        self.env = simpy.Environment()
+                 observer: Callable[[int, RoundSample, Truth | None], None] | None = None):
+        self.loop = VirtualTimeLoop()
         self.profile, self.max_k, self.seed = profile, max_k, seed
         count = int(pool_spec.get("count", 1))
-        self.pool = VerifierPool([
-            Verifier(self.env, f"verifier-{i}", profile, int(pool_spec.get("max_batch", 1)),
-                     float(pool_spec.get("batch_wait_ms", 0.0)) / 1000) for i in range(count)])
+        max_batch = int(pool_spec.get("max_batch", 1))
+        self.verifiers = {f"verifier-{i}": Verifier(f"verifier-{i}", profile, max_batch,
+                                                    float(pool_spec.get("batch_wait_ms", 0.0)) / 1000)
+                          for i in range(count)}
+        self.pool = VerifierPool(list(self.verifiers), clock=self.loop.time)
         self.rtt_schedule = sorted(rtt_schedule or [])
         self.alpha_schedule = sorted(alpha_schedule or [], key=lambda e: e[0])
         self.observer = observer
-        self.rounds = Rounds()
+        self.records = Records()
         self.telemetries: list[Telemetry] = []
+        self.devices: list[Device] = []
         for i, spec in enumerate(devices):
-            telemetry = Telemetry(max_k=max_k, queue_capacity=float(max(1, self.pool.verifiers[0].max_batch)))
+            telemetry = Telemetry(max_k=max_k, queue_capacity=float(max(1, max_batch)))
             self.telemetries.append(telemetry)
-            policy = make_policy(telemetry)
-            self.env.process(self._device(i, spec, policy, telemetry, random.Random(seed * 1_000_003 + i)))
+            self.devices.append(Device(self, i, spec, make_policy(telemetry), telemetry,
+                                       random.Random(seed * 1_000_003 + i)))
 
-    def _scheduled(self, schedule: list, now: float, default):
-        value = default
-        for t, v in schedule:
-            if t > now:
-                break
-            value = v
-        return value
+    def run(self) -> None:
+        """Run every device's requests to the end (simulated time; the loop is closed afterwards)."""
+        async def main() -> None:
+            serving = [asyncio.ensure_future(v.run()) for v in self.verifiers.values()]
+            try:
+                await asyncio.gather(*(device.run() for device in self.devices))
+            finally:
+                for task in serving:
+                    task.cancel()
+                await asyncio.gather(*serving, return_exceptions=True)
 
-    def _device(self, index: int, spec: DeviceSpec, policy, telemetry: Telemetry, rng: random.Random):
-        env, rec, max_k = self.env, self.rounds, self.max_k
-        draft_per_token = self.profile.draft_seconds_per_token * spec.draft_scale
-        link, observer = spec.link, self.observer
-        observe_sample = getattr(policy, "observe_sample", None)
-        if spec.start > 0:
-            yield env.timeout(spec.start)
-        for r in range(spec.requests):
-            if r and spec.think > 0:
-                yield env.timeout(rng.expovariate(1 / spec.think))
-            verifier = self.pool.pick()
-            verifier.sessions += 1
-            started = env.now
-            base_alphas = spec.acceptance(rng, started)
-            if spec.prefill > 0:
-                yield env.timeout(spec.prefill)
-            committed = 0
-            while committed < spec.tokens:
-                now = env.now
-                k = max(0, min(int(policy.choose()), max_k, spec.tokens - committed - 1))
-                rtt = self._scheduled(self.rtt_schedule, now, link.rtt) if self.rtt_schedule else link.rtt
-                alphas = self._scheduled(self.alpha_schedule, now, base_alphas) if self.alpha_schedule else base_alphas
-                n = 0
-                while n < k and rng.random() < alphas[n]:   # per-position Bernoulli, longest matching prefix
-                    n += 1
-                draft = k * draft_per_token
-                up = link.one_way(rng, WINDOW_BYTES + WINDOW_TOKEN_BYTES * k, rtt)
-                yield env.timeout(draft + up)
-                sent = env.now
-                job = Job(k + 1, env.event())
-                verifier.submit(job)
-                yield job.done
-                yield env.timeout(link.one_way(rng, VERDICT_BYTES, rtt))
-                verify_wall = env.now - sent
-                seconds = env.now - now
-                sample = RoundSample(k, n, draft, verify_wall, job.compute, job.queue_depth, verifier.name,
-                                     n + 1, seconds)
-                telemetry.record(sample)
-                if observe_sample is not None:
-                    observe_sample(sample)
-                else:
-                    policy.observe(k, n, draft, verify_wall)
-                if observer is not None:
-                    observer(index, sample, Truth(alphas, draft_per_token, rtt, link.expected_round_trip(rtt),
-                                                  job.started - job.arrived,
-                                                  job.batch_tokens - job.tokens, self.profile))
-                committed += n + 1
-                rec.end.append(env.now)
-                rec.device.append(index)
-                rec.k.append(k)
-                rec.accepted.append(n)
-                rec.seconds.append(seconds)
-            verifier.sessions -= 1
-            rec.request_seconds.append(env.now - started)
-            rec.request_tokens.append(committed)
-
-    def run(self, until: float | None = None) -> None:
-        self.env.run(until=until)
+        try:
+            self.loop.run_until_complete(main())
+        finally:
+            self.loop.close()

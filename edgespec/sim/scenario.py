@@ -5,12 +5,12 @@ A scenario (JSON; every key optional but `profile`):
     name                 str
     seed                 int, default 1 (the same seed for every policy: common random numbers)
     profile              a name in profiles.json, or an inline profile dict
-                         {draft_seconds_per_token, verify_seconds_by_tokens: {tokens: s}, batch_seq_overhead_seconds}
+                         {draft_seconds_per_token, forward_seconds_by_tokens: {tokens: s}, batch_seq_overhead_seconds}
     devices              edge devices, default 1
     requests_per_device  default 20;  tokens_per_request: default 128
     think_seconds        mean exponential pause between a device's requests, default 0
     start_spread_seconds devices start uniformly in [0, this], default 0
-    prefill_seconds      per request, before the first round, default 0
+    prefill_seconds      per request, the verifier's session open before the first round, default 0
     draft_scale          [lo, hi]: each device's drafter is this much slower/faster than the profile, default 1
     link                 {rtt_ms, jitter_ms, rate_mbit, loss, rtt_schedule: [[t_s, rtt_ms], ...]};
                          rtt_ms / jitter_ms may be [lo, hi]: uniform per device
@@ -55,10 +55,10 @@ def policy_factory(name: str, max_k: int) -> Callable[[Telemetry], object]:
     if kind == "heuristic":
         return lambda telemetry: HeuristicWindow(k=2, min_k=1, max_k=max_k)
     if kind == "goodput":
-        return lambda telemetry: GoodputWindow(max_k=max_k)
+        return lambda telemetry: GoodputWindow(telemetry, max_k=max_k)
     if kind == "awc":
         model = load_model(arg) if arg else load_model()
-        return lambda telemetry: AwcWindow(telemetry, model, max_k=max_k, feeds_telemetry=False)
+        return lambda telemetry: AwcWindow(telemetry, model, max_k=max_k)
     raise ValueError(f"unknown policy {name!r}: use fixed:K, heuristic, goodput or awc")
 
 
@@ -108,7 +108,7 @@ def build(scenario: dict, policy: str | Callable[[Telemetry], object], observer=
 
 def summarise(sim: Simulation, wall_seconds: float, bins: int = 40) -> dict:
     """Per-policy numbers for result.json, plus `series` (over-time arrays) for the plots."""
-    r = sim.rounds
+    r = sim.records
     end, k, n, sec = (np.frombuffer(a, dtype=d) for a, d in
                       ((r.end, np.float64), (r.k, np.int32), (r.accepted, np.int32), (r.seconds, np.float64)))
     tokens = n + 1
@@ -117,7 +117,7 @@ def summarise(sim: Simulation, wall_seconds: float, bins: int = 40) -> dict:
     req_t = np.frombuffer(r.request_tokens, dtype=np.int32)
     horizon = float(end.max()) if len(end) else 0.0
     drafted = int(k.sum())
-    verifiers = sim.pool.verifiers
+    verifiers = list(sim.verifiers.values())
     batches = np.concatenate([np.frombuffer(v.batch_sizes, dtype=np.int32) for v in verifiers]) \
         if verifiers else np.zeros(0, np.int32)
     hist = np.bincount(k, minlength=sim.max_k + 1)
@@ -169,7 +169,7 @@ def run_policy(scenario: dict, policy: str, observer=None) -> dict:
 def run_scenario(scenario: dict | str | Path, policies: list[str] | None = None) -> dict:
     """Run every policy on the scenario (a dict or a JSON path); {name, scenario, policies: {policy: summary}}.
     For sim-vs-real fidelity pass an inline profile measured from the real services, e.g.
-    {"profile": {"draft_seconds_per_token": 0.037, "verify_seconds_by_tokens": {"1": 0.225, "3": 0.25}},
+    {"profile": {"draft_seconds_per_token": 0.037, "forward_seconds_by_tokens": {"1": 0.225, "3": 0.25}},
      "link": {"rtt_ms": 50}, "acceptance": {"per_position": [0.72, 0.66, 0.6]}, "policies": ["fixed:2"]}."""
     if not isinstance(scenario, dict):
         scenario = json.loads(Path(scenario).read_text())

@@ -46,7 +46,7 @@ class TokenChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., generated: _Optional[int] = ..., position: _Optional[int] = ..., unverified: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter")
+    __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_wall_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
@@ -57,7 +57,7 @@ class GenerationStats(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -82,7 +82,7 @@ class GenerationStats(_message.Message):
     seconds: float
     tokens_per_second: float
     draft_seconds: float
-    verify_seconds: float
+    verify_wall_seconds: float
     finish_reason: str
     verifier: str
     prefill_seconds: float
@@ -97,4 +97,4 @@ class GenerationStats(_message.Message):
     target_logprob: float
     lossy: bool
     drafter: str
-    def __init__(self, prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ..., verifier: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., seed: _Optional[int] = ..., verification: _Optional[str] = ..., failovers: _Optional[int] = ..., recovery_seconds: _Optional[float] = ..., unverified_tokens: _Optional[int] = ..., pipelined: _Optional[bool] = ..., optimistic_windows: _Optional[int] = ..., optimistic_hits: _Optional[int] = ..., target_logprob: _Optional[float] = ..., lossy: _Optional[bool] = ..., drafter: _Optional[str] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_wall_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ..., verifier: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., seed: _Optional[int] = ..., verification: _Optional[str] = ..., failovers: _Optional[int] = ..., recovery_seconds: _Optional[float] = ..., unverified_tokens: _Optional[int] = ..., pipelined: _Optional[bool] = ..., optimistic_windows: _Optional[int] = ..., optimistic_hits: _Optional[int] = ..., target_logprob: _Optional[float] = ..., lossy: _Optional[bool] = ..., drafter: _Optional[str] = ...) -> None: ...

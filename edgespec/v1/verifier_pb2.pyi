@@ -77,14 +77,14 @@ class Window(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_seconds", "queue_depth", "discarded", "target_logprob")
+    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_POSITION_FIELD_NUMBER: _ClassVar[int]
-    VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_FIELD_NUMBER: _ClassVar[int]
     TARGET_LOGPROB_FIELD_NUMBER: _ClassVar[int]
@@ -94,11 +94,11 @@ class Verdict(_message.Message):
     accepted: int
     next_token: int
     committed_position: int
-    verify_seconds: float
+    verify_compute_seconds: float
     queue_depth: int
     discarded: bool
     target_logprob: float
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -15,10 +15,11 @@ from typing import Collection, Sequence
 class Verdict:
     accepted: int     # n, 0..k: draft tokens kept
     next_token: int   # the recovered or bonus token from the target
-    # Telemetry the verifier reports with a verdict (not part of its meaning: equality ignores them).
-    compute_seconds: float = field(default=0.0, compare=False)   # target forward + verification time
+    # Telemetry that comes with a verdict (not part of its meaning: equality ignores them).
+    verify_compute_seconds: float = field(default=0.0, compare=False)  # target forward + verification, seconds
     queue_depth: int = field(default=0, compare=False)           # windows waiting when this one started
     target_logprob: float = field(default=0.0, compare=False)    # sum of log p (T=1) over the committed tokens
+    verifier: str = field(default="", compare=False)             # address of the verifier that gave it ("" = unknown)
 
     def committed(self, draft: Sequence[int]) -> list[int]:
         """The tokens this verdict commits: draft[:n] + [next_token]."""

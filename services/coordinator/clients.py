@@ -20,7 +20,8 @@ from edgespec.net import rpc
 from edgespec.verify.sampling import SamplingParams, SparseDist
 from edgespec.net.security import end_user_metadata
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from edgespec.loop.rounds import Window
+from edgespec.control.sample import RoundSample
+from edgespec.verify.window import Window
 from edgespec.net.transport import PLAINTEXT, ClientSecurity, open_channel
 from edgespec.verify.greedy import Verdict
 from edgespec.net.wire import dists_from_pb, params_to_pb, window_to_pb
@@ -53,6 +54,9 @@ class GrpcDrafter:
 
     async def close(self, session_id: str) -> None:
         await self._call(self._stub.CloseSession, drafter_pb2.DrafterCloseRequest(session_id=session_id))
+
+    def observe(self, draft: Sequence[int], sample: RoundSample) -> None:
+        """The drafter service learns nothing from verdicts: the next draft call carries the committed tokens."""
 
     async def _call(self, method, request):
         try:
@@ -92,8 +96,9 @@ class GrpcVerifier:
         message = window_to_pb(session_id, window)
         tracing.inject(message.trace_context)
         reply = await stream.send(message, self._deadline)
-        return None if reply.discarded else Verdict(reply.accepted, reply.next_token, reply.verify_seconds,
-                                                    reply.queue_depth, reply.target_logprob)
+        return None if reply.discarded else Verdict(
+            reply.accepted, reply.next_token, verify_compute_seconds=reply.verify_compute_seconds,
+            queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address)
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

@@ -18,9 +18,9 @@ from edgespec.errors import EdgespecError
 from edgespec.observe.metrics import VerifierMetrics
 from edgespec.net.security import SessionOwners
 from edgespec.v1 import verifier_pb2 as pb
-from edgespec.net.wire import dists_from_pb, params_from_pb
+from edgespec.net.wire import params_from_pb, window_from_pb
 from edgespec.v1 import verifier_pb2_grpc
-from edgespec.engines.verifier import Usage, VerifierEngine, WindowRequest
+from edgespec.engines.verifier import Usage, VerifierEngine
 from edgespec.engines.worker import ModelWorker
 
 log = logging.getLogger(__name__)
@@ -67,21 +67,18 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 tracing.SESSION_ID: window.session_id, "edgespec.window_seq": window.window_seq,
                 "edgespec.k": len(window.draft_tokens)}) as span:
             try:
-                result, depth = await self.scheduler.verify(WindowRequest(
-                    window.session_id, window.base_position, tuple(window.draft_tokens),
-                    tuple(dists_from_pb(window.draft_probs)), window.params_fingerprint,
-                    window.parent_token if window.optimistic else None))
+                result, depth = await self.scheduler.verify(window.session_id, window_from_pb(window))
             except EdgespecError as error:
                 log.info("window %d of session %s rejected: %s", window.window_seq, window.session_id, error)
                 raise
             span.set_attributes({"edgespec.batch_size": result.batch_size, "edgespec.queue_depth": depth,
-                                 "edgespec.verify_seconds": result.verify_seconds})
+                                 "edgespec.verify_compute_seconds": result.verify_compute_seconds})
         verdict = result.verdict
         return pb.Verdict(session_id=window.session_id, window_seq=window.window_seq,
                           base_position=window.base_position, discarded=verdict is None,
                           accepted=verdict.accepted if verdict else 0, next_token=verdict.next_token if verdict else 0,
                           committed_position=result.committed_position,
-                          verify_seconds=result.verify_seconds, queue_depth=depth,
+                          verify_compute_seconds=result.verify_compute_seconds, queue_depth=depth,
                           target_logprob=verdict.target_logprob if verdict else 0.0)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from edgespec.control.awc import WEIGHTS, AwcWindow, Mlp, load_model
-from edgespec.control.telemetry import FEATURE_NAMES, RoundSample, Telemetry
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import FEATURE_NAMES, Telemetry
 
 
 class Script:
@@ -21,11 +22,14 @@ class Script:
 
 
 def feed(policy, rounds):
-    """Observe `rounds` rounds of whatever the policy chooses; return the windows chosen."""
+    """Observe `rounds` rounds of whatever the policy chooses (recorded into its telemetry first, as the
+    round loop does); return the windows chosen."""
     chosen = []
     for _ in range(rounds):
         k = policy.choose()
-        policy.observe(k, k, 0.035 * k, 0.4)
+        sample = RoundSample(k, k, 0.035 * k, 0.4)
+        policy.telemetry.record(sample)
+        policy.observe(sample)
         chosen.append(k)
     return chosen
 
@@ -98,16 +102,15 @@ def test_target_only_mode_probes_one_token_every_sixteen_rounds():
     assert chosen.count(1) == 2 and chosen[16] == 1 and chosen[33] == 1 and chosen.count(0) == 32
 
 
-def test_observe_feeds_the_telemetry_unless_the_caller_does():
-    telemetry = Telemetry()
-    AwcWindow(telemetry, Script([2.0])).observe(2, 1, 0.07, 0.5)
-    assert telemetry.rounds == 1
+def test_observe_reads_the_telemetry_the_caller_recorded_and_never_records_itself():
     shared = Telemetry()
-    policy = AwcWindow(shared, Script([2.0]), feeds_telemetry=False)
+    seen = []
+    policy = AwcWindow(shared, lambda features: seen.append(features) or 2.0)
     full = RoundSample(2, 1, 0.07, 0.5, 0.4, 3, "v1")
     shared.record(full)
-    policy.observe_sample(full)
+    policy.observe(full)
     assert shared.rounds == 1 and shared.queue_last == 3
+    assert seen and (seen[0] == shared.features(2)).all()
 
 
 def _features(alpha, draft, rtt, slope, goodput_k, queue=0.0, prev_k=2, tpot=None):
@@ -139,11 +142,8 @@ def test_shipped_model_picks_a_short_window_on_this_cpu_for_code():
 def test_awc_tries_each_unmeasured_window_once_when_the_verifier_reports_costs():
     """Measured on the real services: a 3-token pass cost more than a 4-token one, and AWC without
     exploration never left k = 1. It now tries every window whose cost it has not seen, once."""
-    from edgespec.control.awc import AwcWindow
-    from edgespec.control.telemetry import RoundSample, Telemetry
-
     telemetry = Telemetry(max_k=4)
-    policy = AwcWindow(telemetry, max_k=4, feeds_telemetry=False)
+    policy = AwcWindow(telemetry, max_k=4)
     costs = {0: 0.69, 1: 0.69, 2: 0.92, 3: 0.62, 4: 0.66}
     tried = []
     for _ in range(12):
@@ -151,18 +151,16 @@ def test_awc_tries_each_unmeasured_window_once_when_the_verifier_reports_costs()
         tried.append(k)
         sample = RoundSample(k, k, 0.03 * k, costs[k] + 0.02, costs[k], 0, "v")
         telemetry.record(sample)
-        policy.observe_sample(sample)
+        policy.observe(sample)
     assert {1, 2, 3, 4} <= set(tried[:5])                 # each window tried early
     assert set(costs) - {0} <= set(telemetry.verify_compute)
 
     blind = Telemetry(max_k=4)                               # a verifier that reports no compute time
-    quiet = AwcWindow(blind, max_k=4, feeds_telemetry=False)
+    quiet = AwcWindow(blind, max_k=4)
     assert quiet.choose() == quiet.k                         # nothing to learn by trying: no exploration
 
 
 def test_costs_carry_over_between_sessions_but_acceptance_does_not():
-    from edgespec.control.telemetry import RoundSample, Telemetry
-
     first = Telemetry(max_k=4)
     for _ in range(5):
         first.record(RoundSample(3, 0, 0.09, 0.7, 0.62, 2, "verifier-a"))

@@ -14,11 +14,12 @@ from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
-from edgespec.loop.rounds import Window
+from edgespec.verify.window import Window
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.verify.greedy import Verdict
-from edgespec.engines.verifier import VerifierEngine, VerifierLimits, WindowRequest
+from edgespec.engines.verifier import VerifierEngine, VerifierLimits
+from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
 from edgespec.engines.worker import ModelWorker
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
@@ -49,8 +50,7 @@ class ScheduledVerifier:
     async def verify(self, session_id, window: Window) -> Verdict | None:
         self.scheduler.streams += 1
         try:
-            result, depth = await self.scheduler.verify(WindowRequest(session_id, window.base_position, window.draft,
-                                                                      window.q, window.params_fingerprint, window.parent))
+            result, depth = await self.scheduler.verify(session_id, window)
         finally:
             self.scheduler.streams -= 1
         return result.verdict
@@ -80,8 +80,10 @@ def generate_concurrently(engine: VerifierEngine, policy: BatchPolicy, windows: 
             log = SessionLog(prompt, max_new, frozenset({TINY_EOS}))
             engine.open(f"s{i}", prompt)
             k = windows[i % len(windows)]
-            policy_ = GoodputWindow(max_k=4) if k < 0 else FixedWindow(k)
-            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_, pipeline=pipeline):
+            telemetry = Telemetry()
+            policy_ = GoodputWindow(telemetry, max_k=4) if k < 0 else FixedWindow(k)
+            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_, pipeline=pipeline,
+                                     telemetry=telemetry):
                 pass
             assert engine.committed(f"s{i}") == log.committed
             return log.generated
@@ -125,14 +127,14 @@ def test_a_batch_equals_the_same_windows_one_by_one():
     for i, prompt in enumerate(PROMPTS):
         for engine in (batched, single):
             engine.open(f"s{i}", prompt)
-        requests.append(WindowRequest(f"s{i}", len(prompt), tuple(range(40, 40 + i % 5))))
+        requests.append((f"s{i}", Window(0, len(prompt), tuple(range(40, 40 + i % 5)))))
     results = batched.verify_batch(requests)
-    for request, result in zip(requests, results):
-        alone = single.verify(request.session_id, request.base_position, request.draft)
-        assert result.verdict.committed(request.draft) == alone.verdict.committed(request.draft)
+    for (session_id, window), result in zip(requests, results):
+        alone = single.verify(session_id, window.base_position, window.draft)
+        assert result.verdict.committed(window.draft) == alone.verdict.committed(window.draft)
         assert result.verdict.target_logprob == pytest.approx(alone.verdict.target_logprob, abs=1e-4)
         assert result.batch_size == len(PROMPTS)
-        assert batched.committed(request.session_id) == single.committed(request.session_id)
+        assert batched.committed(session_id) == single.committed(session_id)
 
 
 def test_a_bad_window_fails_alone_and_changes_nothing():
@@ -140,11 +142,11 @@ def test_a_bad_window_fails_alone_and_changes_nothing():
     for i, prompt in enumerate(PROMPTS[:4]):
         engine.open(f"s{i}", prompt)
     before = {f"s{i}": engine.committed(f"s{i}") for i in range(4)}
-    requests = [WindowRequest("s0", len(PROMPTS[0]), (1, 2)),
-                WindowRequest("s1", len(PROMPTS[1]), (1,) * 5),            # too long
-                WindowRequest("s2", len(PROMPTS[2]) - 1, (1,)),            # stale
-                WindowRequest("nope", 3, (1,)),                            # unknown session
-                WindowRequest("s3", len(PROMPTS[3]), (1, 999))]            # outside the vocabulary
+    requests = [("s0", Window(0, len(PROMPTS[0]), (1, 2))),
+                ("s1", Window(0, len(PROMPTS[1]), (1,) * 5)),            # too long
+                ("s2", Window(0, len(PROMPTS[2]) - 1, (1,))),            # stale
+                ("nope", Window(0, 3, (1,))),                            # unknown session
+                ("s3", Window(0, len(PROMPTS[3]), (1, 999)))]            # outside the vocabulary
     results = engine.verify_batch(requests)
     assert isinstance(results[0].verdict, Verdict)
     assert isinstance(results[1], InvalidArgument) and results[1].field == "draft_tokens"
@@ -162,9 +164,9 @@ def test_two_windows_of_one_session_in_a_batch_run_in_order():
     truth = target_only_greedy(TARGET, prompt, 6)
     engine.open("s", prompt)
     engine.open("t", PROMPTS[1])
-    first = WindowRequest("s", len(prompt), tuple(truth[:2]))
-    second = WindowRequest("s", len(prompt) + 3, tuple(truth[3:5]), parent=truth[2])
-    results = engine.verify_batch([first, WindowRequest("t", len(PROMPTS[1]), ()), second])
+    first = ("s", Window(0, len(prompt), tuple(truth[:2])))
+    second = ("s", Window(0, len(prompt) + 3, tuple(truth[3:5]), parent=truth[2]))
+    results = engine.verify_batch([first, ("t", Window(0, len(PROMPTS[1]), ())), second])
     assert results[0].verdict.accepted == 2 and results[2].verdict is not None
     assert engine.committed("s") == prompt + truth[:6]
 
@@ -182,12 +184,12 @@ def test_full_queue_is_resource_exhausted_with_a_retry_hint_and_changes_nothing(
         try:
             waiting = []
             for i in range(3):
-                waiting.append(asyncio.ensure_future(scheduler.verify(WindowRequest(f"s{i}", len(PROMPTS[i]), (5,)))))
+                waiting.append(asyncio.ensure_future(scheduler.verify(f"s{i}", Window(0, len(PROMPTS[i]), (5,)))))
                 await asyncio.sleep(0.02)
             # s0 was taken into a batch (waiting for the model); s1 and s2 fill the queue.
             assert scheduler.queue_depth == 2
             with pytest.raises(ResourceExhausted) as refused:
-                await scheduler.verify(WindowRequest("s3", len(PROMPTS[3]), (5,)))
+                await scheduler.verify("s3", Window(0, len(PROMPTS[3]), (5,)))
             assert refused.value.retry_after_seconds > 0 and scheduler.rejected == 1
             assert engine.committed("s3") == PROMPTS[3]
         finally:
@@ -221,7 +223,7 @@ def test_idle_ttl_evicts_the_cache_and_the_next_window_restores_it():
     assert engine.kv_bytes < held and engine.committed("a") == reference.committed("a")
     for e in (engine, reference):             # the next windows: a restores from its committed prefix
         base = len(e.committed("a"))
-        results = e.verify_batch([WindowRequest("a", base, (7, 8, 9)), WindowRequest("b", len(e.committed("b")), (4,))])
+        results = e.verify_batch([("a", Window(0, base, (7, 8, 9))), ("b", Window(0, len(e.committed("b")), (4,)))])
     assert engine.committed("a") == reference.committed("a") and engine.committed("b") == reference.committed("b")
     assert engine.restores == 1
     clock.now += 700
@@ -341,7 +343,7 @@ def test_the_wait_for_more_windows_is_a_fraction_of_a_forward():
         scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"),
                                     BatchPolicy(max_batch=8, wait_seconds=5.0, wait_fraction=0.25))
         scheduler._batch_seconds, scheduler.streams = batch_seconds, streams
-        scheduler._queue.append((WindowRequest("s", 1, ()), asyncio.get_running_loop().create_future()))
+        scheduler._queue.append((("s", Window(0, 1, ())), asyncio.get_running_loop().create_future()))
         started = asyncio.get_running_loop().time()
         await scheduler._gather()
         scheduler.worker.shutdown()

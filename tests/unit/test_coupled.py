@@ -84,7 +84,8 @@ def generate(target, draft, params, policy, max_new=40, pipeline=False, verifier
 
     async def go():
         await port.open("s", log.committed, params)
-        async for _ in speculate(log, "s", drafter, port, policy, params, pipeline=pipeline):
+        telemetry = policy.telemetry if isinstance(policy, GoodputWindow) else None   # the policy reads it
+        async for _ in speculate(log, "s", drafter, port, policy, params, pipeline=pipeline, telemetry=telemetry):
             pass
     asyncio.run(go())
     return log
@@ -98,7 +99,7 @@ def test_coupled_output_equals_target_only_sampling_whatever_the_windows(seed):
     accepted = 0
     for policy, pipeline in [(FixedWindow(0), False), (FixedWindow(1), False), (FixedWindow(2), False),
                              (FixedWindow(3), False), (FixedWindow(4), False), (FixedWindow(3), True),
-                             (FixedWindow(4), True), (GoodputWindow(max_k=4), False)]:
+                             (FixedWindow(4), True), (GoodputWindow(Telemetry(), max_k=4), False)]:
         log = generate(target, draft, params, policy, pipeline=pipeline)
         assert log.generated == expected, (policy, pipeline)
         accepted += log.stats.accepted

@@ -26,6 +26,7 @@ from edgespec.verify.sampling import SamplingParams
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine
+from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
@@ -147,7 +148,9 @@ def run_speculation(verifier: VerifierEngine, drafter: DrafterEngine, prompt: li
     async def go():
         verifier.open("s", prompt, params)
         drafter.open("s", prompt, params)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), policy, params):
+        telemetry = policy.telemetry if isinstance(policy, GoodputWindow) else None   # the policy reads it
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), policy, params,
+                                 telemetry=telemetry):
             pass
 
     asyncio.run(go())
@@ -162,7 +165,7 @@ def test_greedy_output_identical_to_target_only(seed, window):
     for prompt in PROMPTS:
         ids = list(prompt.encode())
         log = run_speculation(VerifierEngine(tiny(target), [TINY_EOS]), drafter, ids, 40,
-                              GoodputWindow(max_k=4) if window < 0 else FixedWindow(window), [TINY_EOS])
+                              GoodputWindow(Telemetry(), max_k=4) if window < 0 else FixedWindow(window), [TINY_EOS])
         assert log.generated == target_only_greedy(target, ids, 40), (seed, window, prompt)
         drafter.close("s")
 

@@ -11,6 +11,7 @@ from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine, VerifierLimits
+from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
 from tests.tiny import InProcessDrafter, InProcessVerifier, target_only_greedy, tiny
 
@@ -25,8 +26,10 @@ def run_speculation(target: str, draft: str, prompt: list[int], max_new: int, wi
     async def go():
         verifier.open("s", prompt)
         drafter.open("s", prompt)
-        policy = GoodputWindow(max_k=4) if window < 0 else FixedWindow(window)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), policy):
+        telemetry = Telemetry()
+        policy = GoodputWindow(telemetry, max_k=4) if window < 0 else FixedWindow(window)
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), InProcessVerifier(verifier), policy,
+                                 telemetry=telemetry):
             pass
 
     asyncio.run(go())
@@ -198,14 +201,14 @@ def test_drafter_set_position_then_append(drafter):
 
 
 class RecordingPolicy(FixedWindow):
-    """A fixed window that records the telemetry the round loop hands it."""
+    """A fixed window that records the round samples the round loop hands it."""
 
     def __init__(self, k):
         super().__init__(k)
         self.seen = []
 
-    def observe(self, k, accepted, draft_seconds, verify_seconds):
-        self.seen.append((k, accepted, draft_seconds > 0, verify_seconds > 0))
+    def observe(self, sample):
+        self.seen.append(sample)
 
 
 def test_round_loop_reports_every_round_to_the_policy():
@@ -221,5 +224,8 @@ def test_round_loop_reports_every_round_to_the_policy():
             pass
     asyncio.run(go())
     assert len(policy.seen) == log.stats.rounds
-    assert sum(a for _, a, _, _ in policy.seen) == log.stats.accepted
-    assert all(d == (k > 0) and v for k, _, d, v in policy.seen)
+    assert sum(s.accepted for s in policy.seen) == log.stats.accepted
+    assert all((s.draft_seconds > 0) == (s.k > 0) and s.verify_wall_seconds > 0 for s in policy.seen)
+    # one record per round: the session's stats add up the very samples the policy saw
+    assert sum(s.verify_wall_seconds for s in policy.seen) == pytest.approx(log.stats.verify_wall_seconds)
+    assert all(s.link == "in-process" and s.verify_compute_seconds > 0 for s in policy.seen)

@@ -312,6 +312,9 @@ def test_a_generation_ending_during_the_look_ahead_orphans_no_verify_call(how):
         async def close(self, session_id):
             await inner.close(session_id)
 
+        def observe(self, draft, sample):
+            pass
+
     log = SessionLog(PROMPT, 40, frozenset({TINY_EOS}))
 
     async def consume():

@@ -30,12 +30,12 @@ from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.generation import GenerationConfig
 from edgespec.observe.metrics import CoordinatorMetrics, DrafterMetrics, VerifierMetrics
 from edgespec.loop.pool import VerifierPool
-from edgespec.loop.rounds import Window
+from edgespec.verify.window import Window
 from edgespec.verify.sampling import SamplingParams
 from edgespec.net.security import SessionOwners
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
-from edgespec.control.telemetry import RoundSample
+from edgespec.control.sample import RoundSample
 from edgespec.backends.tokenizer import load_tokenizer
 from bench.cluster import REPO_ROOT
 from edgespec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2, verifier_pb2, verifier_pb2_grpc

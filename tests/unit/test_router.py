@@ -27,7 +27,7 @@ def test_router_picks_the_faster_drafter_per_category():
     """n-gram: free and strong on code edits, weak on chat; the model: costly, steady everywhere."""
     ngram = trained("ngram", 0.0005, {"code": 0.8, "qa": 0.1, "chat": 0.05})
     model = trained("draft", 0.04, {"code": 0.75, "qa": 0.6, "chat": 0.55})
-    router = Router([ngram, model], verify_seconds=0.6, explore=0.0)
+    router = Router([ngram, model], verify_wall_seconds=0.6, explore=0.0)
     assert router.choose(request_features(CODE_EDIT)).drafter == "ngram"
     assert router.choose(request_features("What is the capital of France?")).drafter == "draft"
     assert router.choose(request_features("Suggest a name for my cat.")).drafter == "draft"
@@ -49,7 +49,7 @@ def test_an_untried_arm_gets_an_optimism_bonus():
 def test_session_switches_once_when_observed_acceptance_is_poor():
     ngram = trained("ngram", 0.0005, {"code": 0.8})
     model = trained("draft", 0.04, {"code": 0.7})
-    router = Router([ngram, model], verify_seconds=0.6, explore=0.0)
+    router = Router([ngram, model], verify_wall_seconds=0.6, explore=0.0)
     x = request_features(CODE_EDIT)
     routing = SessionRouting(router, x, router.choose(x).drafter)
     assert routing.current == "ngram"

@@ -21,7 +21,7 @@ def routed_run(first: str, prompt: bytes, max_new: int = 60, pipeline: bool = Fa
              "unrelated": InProcessDrafter(DrafterEngine(tiny("tiny:9")))}
     # Unless told otherwise, the router believes both drafters equal: only what the session observes
     # can tell them apart.
-    router = Router([Arm("close", 0.01), Arm("unrelated", 0.01)], verify_seconds=0.05, explore=0.0)
+    router = Router([Arm("close", 0.01), Arm("unrelated", 0.01)], verify_wall_seconds=0.05, explore=0.0)
     x = request_features(prompt.decode())
     if unrelated_known:   # earlier sessions taught the router that this drafter rarely agrees
         router.arms["unrelated"].update(x, 0.02, weight=20)

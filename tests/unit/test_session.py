@@ -1,5 +1,6 @@
 import pytest
 
+from edgespec.control.sample import RoundSample
 from edgespec.loop.session import SessionLog
 from edgespec.verify.greedy import Verdict
 
@@ -8,12 +9,14 @@ def make(max_new=10):
     return SessionLog(prompt=[1, 2, 3], max_new_tokens=max_new, eos_ids=frozenset({0}))
 
 
-def test_commit_records_tokens_and_stats():
+def test_commit_records_tokens_and_the_stats_count_the_round_sample():
     log = make()
     assert log.commit([5, 6, 7], Verdict(2, 9)) == [5, 6, 9]
     assert log.committed == [1, 2, 3, 5, 6, 9]
     assert log.position == 6
+    log.stats.record(RoundSample(3, 2, 0.1, 0.4, 0.3, target_logprob=-1.5))
     assert (log.stats.rounds, log.stats.drafted, log.stats.accepted) == (1, 3, 2)
+    assert (log.stats.draft_seconds, log.stats.verify_wall_seconds, log.stats.target_logprob) == (0.1, 0.4, -1.5)
     assert log.stats.acceptance_rate == pytest.approx(2 / 3)
     assert log.stats.mean_accepted_length == 3
     assert log.finish_reason is None

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.sim import best_window, expected_tokens, load_profile, run_policy, run_scenario
-from edgespec.sim.model import LinkModel, MIN_RTO, VerifierPool
+from edgespec.sim.model import LinkModel, MIN_RTO
 from edgespec.sim.scenario import build
 from edgespec.sim import run as sim_cli
 
@@ -26,18 +26,18 @@ def strip(summary):
 
 
 def test_cpu_profile_interpolates_the_measured_points():
-    assert CPU.verify_seconds(1) == pytest.approx(0.39)
-    assert CPU.verify_seconds(3) == pytest.approx(0.39 + (0.663 - 0.39) / 2)
-    assert CPU.verify_seconds(8) == pytest.approx(0.897)
-    assert CPU.verify_seconds(12) == pytest.approx(0.897 + 4 * (0.897 - 0.663) / 4)   # last slope onward
-    assert CPU.batch_seconds([2, 2]) == pytest.approx(CPU.verify_seconds(4))
+    assert CPU.forward_seconds(1) == pytest.approx(0.39)
+    assert CPU.forward_seconds(3) == pytest.approx(0.39 + (0.663 - 0.39) / 2)
+    assert CPU.forward_seconds(8) == pytest.approx(0.897)
+    assert CPU.forward_seconds(12) == pytest.approx(0.897 + 4 * (0.897 - 0.663) / 4)   # last slope onward
+    assert CPU.batch_seconds([2, 2]) == pytest.approx(CPU.forward_seconds(4))
 
 
 def test_every_shipped_profile_names_its_source():
     profiles = json.loads((SCENARIOS.parent / "profiles.json").read_text())
     for name, spec in profiles.items():
         if not name.startswith("_"):
-            assert spec["source"] and load_profile(name).verify_seconds(1) > 0, name
+            assert spec["source"] and load_profile(name).forward_seconds(1) > 0, name
 
 
 def test_link_adds_transmission_time_and_a_retransmission_on_loss():
@@ -54,7 +54,7 @@ def test_oracle_window():
     flat = lambda k: 0.02
     assert best_window([0.0] * 8, 0.01, 0.0, flat, 8) == 0          # nothing accepted: never draft
     assert best_window([0.95] * 8, 0.001, 0.2, flat, 8) == 8        # near-free draft, long RTT: draft all
-    assert best_window([0.8] * 8, 0.035, 0.0, lambda k: CPU.verify_seconds(k + 1), 8) == 1
+    assert best_window([0.8] * 8, 0.035, 0.0, lambda k: CPU.forward_seconds(k + 1), 8) == 1
 
 
 def test_same_seed_same_run_and_another_seed_another():
@@ -67,7 +67,7 @@ def test_same_seed_same_run_and_another_seed_another():
 def test_tokens_committed_equal_the_sum_of_accepted_plus_one():
     sim = build(single(requests_per_device=3, tokens_per_request=50, devices=3), "heuristic")
     sim.run()
-    r = sim.rounds
+    r = sim.records
     assert sum(n + 1 for n in r.accepted) == 3 * 3 * 50 == sum(r.request_tokens)
     assert all(0 <= n <= k for n, k in zip(r.accepted, r.k))
 
@@ -79,7 +79,7 @@ def test_fixed_window_throughput_matches_the_closed_form(k, alpha, rtt_ms):
     tps = run_policy(scenario, f"fixed:{k}")["tokens_per_second"]
     alphas = [alpha] * k
     expected = expected_tokens(alphas, k) / (k * CPU.draft_seconds_per_token + rtt_ms / 1000
-                                             + CPU.verify_seconds(k + 1))
+                                             + CPU.forward_seconds(k + 1))
     assert tps == pytest.approx(expected, rel=0.03)
 
 
@@ -94,12 +94,16 @@ def test_batching_reduces_verifier_busy_time_at_load():
     assert batched["tokens_per_second"] > one["tokens_per_second"]
 
 
-def test_pool_sends_a_device_to_the_least_loaded_verifier():
-    sim = build(single(verifiers={"count": 3}), "fixed:1")
-    a, b, c = sim.pool.verifiers
-    a.sessions, b.sessions, c.sessions = 2, 1, 1
-    c.queue.append(object())
-    assert VerifierPool([a, b, c]).pick() is b
+def test_devices_share_the_coordinators_verifier_pool_and_go_to_the_least_loaded_verifier():
+    sim = build(single(devices=6, verifiers={"count": 3}), "fixed:1")
+    for address in ("verifier-0", "verifier-0", "verifier-2"):
+        sim.pool.pin(address)
+    assert sim.pool.pick() == "verifier-1"
+    sim = build(single(devices=6, requests_per_device=1, verifiers={"count": 3}), "fixed:1")
+    sim.run()
+    # six concurrent requests over three verifiers: two each, and every round's verdict names its verifier
+    assert [v.windows > 0 for v in sim.verifiers.values()] == [True] * 3
+    assert {link for t in sim.telemetries for link in t.links} == set(sim.verifiers)
 
 
 def test_acceptance_drop_is_seen_by_goodput_mid_run():

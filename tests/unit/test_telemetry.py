@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from edgespec.control.telemetry import FEATURE_NAMES, LinkStats, RoundSample, Telemetry
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import FEATURE_NAMES, LinkStats, Telemetry
 
 
 def sample(k=2, n=1, draft=0.07, wall=0.5, compute=0.4, queue=0, link="v1", **kw):

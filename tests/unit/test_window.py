@@ -1,4 +1,7 @@
 """Window policies on recorded traces."""
+from edgespec.control.goodput import expected_tokens
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
 
 # Costs measured here on 2 cores (seconds): int8 draft per token, target verify by window size.
@@ -6,14 +9,23 @@ DRAFT = 0.037
 VERIFY = {0: 0.225, 1: 0.237, 2: 0.248, 3: 0.420, 4: 0.430}
 
 
-def run(policy, acceptance, rounds=60, verify=VERIFY, draft=DRAFT):
+def goodput(max_k=4):
+    return GoodputWindow(Telemetry(max_k=max_k), max_k=max_k)
+
+
+def run(policy, acceptance, rounds=60, verify=VERIFY, draft=DRAFT, rtt=0.0):
     """Feed a policy a trace where each drafted position is accepted while its cumulative
-    pattern says so: position j accepted iff j < floor(acceptance * k + 0.5) (deterministic)."""
+    pattern says so: position j accepted iff j < floor(acceptance * k + 0.5) (deterministic).
+    verify: the verifier's forward seconds by window; rtt: the link's share of the round trip.
+    Each round is recorded into the policy's telemetry first, as the round loop does."""
     chosen = []
     for _ in range(rounds):
         k = policy.choose()
         accepted = min(k, int(acceptance * k + 0.5)) if acceptance < 1 else k
-        policy.observe(k, accepted, draft * k, verify[k])
+        sample = RoundSample(k, accepted, draft * k, verify[k] + rtt, verify[k])
+        if isinstance(policy, GoodputWindow):
+            policy.telemetry.record(sample)
+        policy.observe(sample)
         chosen.append(k)
     return chosen
 
@@ -23,22 +35,22 @@ def test_fixed_window_never_moves():
 
 
 def test_goodput_settles_on_two_when_acceptance_is_high_and_four_tokens_cost_double():
-    assert run(GoodputWindow(max_k=4), 1.0)[-10:] == [2] * 10
+    assert run(goodput(), 1.0)[-10:] == [2] * 10
 
 
 def test_goodput_grows_the_window_when_verifying_more_is_nearly_free():
     flat = {k: 0.25 + 0.005 * k for k in range(5)}
-    assert run(GoodputWindow(max_k=4), 1.0, verify=flat)[-10:] == [4] * 10
+    assert run(goodput(), 1.0, verify=flat)[-10:] == [4] * 10
 
 
 def test_goodput_chooses_target_only_when_speculation_cannot_pay():
     # Nothing is ever accepted: drafting only costs time. One probe round per 17.
-    tail = run(GoodputWindow(max_k=4), 0.0, rounds=100)[-34:]
+    tail = run(goodput(), 0.0, rounds=100)[-34:]
     assert tail.count(0) == 32 and tail.count(1) == 2
 
 
 def test_goodput_reacts_to_an_acceptance_drop():
-    policy = GoodputWindow(max_k=4)
+    policy = goodput()
     assert run(policy, 1.0)[-1] == 2
     after = run(policy, 0.0, rounds=30)
     assert after[-1] == 0 and after.index(0) < 10
@@ -46,18 +58,25 @@ def test_goodput_reacts_to_an_acceptance_drop():
 
 def test_goodput_drafts_longer_windows_when_the_round_trip_grows():
     # An RTT of 300 ms on every verify makes longer windows relatively cheaper.
-    slow = {k: v + 0.3 for k, v in VERIFY.items()}
-    assert run(GoodputWindow(max_k=4), 1.0, verify=slow)[-1] == 4
+    assert run(goodput(), 1.0, rtt=0.3)[-1] == 4
+
+
+def test_goodput_starts_with_one_token_and_tries_each_window_it_has_not_measured():
+    flat = {k: 0.25 + 0.005 * k for k in range(5)}
+    # nothing measured yet: 1; then 3, costed (optimistically) as 1 is; then 4, costed as 3 is
+    assert run(goodput(), 1.0, rounds=4, verify=flat) == [1, 3, 4, 4]
+    # 3 tried and found dear (0.42 s); 2, costed as 1 is, now looks best and is tried
+    assert run(goodput(), 1.0, rounds=4) == [1, 3, 2, 2]
 
 
 def test_expected_tokens_formula():
-    policy = GoodputWindow(max_k=3, alpha=[0.5, 0.5, 0.5])
-    assert policy.expected_tokens(0) == 1.0
-    assert policy.expected_tokens(3) == 1 + 0.5 + 0.25 + 0.125
+    assert expected_tokens([0.5] * 3, 0) == 1.0
+    assert expected_tokens([0.5] * 3, 3) == 1 + 0.5 + 0.25 + 0.125
+    assert Telemetry(max_k=3, alpha=[0.5, 0.5, 0.5]).expected_tokens(3) == 1 + 0.5 + 0.25 + 0.125
 
 
 def test_goodput_probes_again_after_falling_back_to_target_only():
-    policy = GoodputWindow(max_k=4)
+    policy = goodput()
     run(policy, 0.0, rounds=20)
     assert run(policy, 1.0, rounds=60)[-1] == 2   # acceptance recovered and was noticed
 
@@ -70,5 +89,5 @@ def test_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise(
 
 def test_heuristic_ignores_budget_clamped_target_only_steps():
     policy = HeuristicWindow(k=3)
-    policy.observe(0, 0, 0.0, 0.2)
+    policy.observe(RoundSample(0, 0, 0.0, 0.2))
     assert policy.choose() == 3

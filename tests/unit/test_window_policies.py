@@ -8,7 +8,8 @@ import random
 from dataclasses import dataclass, field
 
 from edgespec.control.awc import AwcWindow
-from edgespec.control.telemetry import RoundSample, Telemetry
+from edgespec.control.sample import RoundSample
+from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
 
 MAX_K = 8
@@ -35,8 +36,8 @@ def make(name, telemetry):
     if name == "heuristic":
         return HeuristicWindow(k=2, min_k=1, max_k=MAX_K)
     if name == "goodput":
-        return GoodputWindow(max_k=MAX_K)
-    return AwcWindow(telemetry, max_k=MAX_K, feeds_telemetry=False)
+        return GoodputWindow(telemetry, max_k=MAX_K)
+    return AwcWindow(telemetry, max_k=MAX_K)
 
 
 def run(policy, telemetry, trace, rounds):
@@ -48,11 +49,8 @@ def run(policy, telemetry, trace, rounds):
             n += 1
         compute = trace.verify[k]
         sample = RoundSample(k, n, k * trace.draft, compute + trace.rtt, compute, 0, "v1")
-        telemetry.record(sample)
-        if isinstance(policy, AwcWindow):
-            policy.observe_sample(sample)
-        else:
-            policy.observe(k, n, sample.draft_seconds, sample.verify_wall_seconds)
+        telemetry.record(sample)     # as the round loop does: the telemetry first, then the policy
+        policy.observe(sample)
         chosen.append(k)
     return chosen
 

@@ -1,0 +1,43 @@
+"""The goodput model of docs/architecture.md §4: tokens a window commits, per second it costs. Pure.
+
+    goodput(k) = E(k) / (k * t_draft + overhead + t_verify(k)),   E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j
+
+One formula and one argmax for everything that weighs windows: the goodput window policy and AWC's
+analytic feature (both over edgespec.control.telemetry's estimates), the drafter router, the simulator's
+oracle and the AWC training labels.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+def expected_tokens(alphas: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j: tokens a window of k commits, alpha_j the acceptance
+    at position j given acceptance before it."""
+    total, reach = 1.0, 1.0
+    for j in range(k):
+        reach *= alphas[j]
+        total += reach
+    return total
+
+
+def goodput(alphas: Sequence[float], k: int, draft_per_token: float, overhead: float, forward_seconds: float) -> float:
+    """Expected tokens per second of a window of k: E(k) / (k * t_draft + overhead + t_verify)."""
+    return expected_tokens(alphas, k) / max(1e-9, k * draft_per_token + overhead + forward_seconds)
+
+
+def best_rate(alphas: Sequence[float], draft_per_token: float, overhead: float, verify: Callable[[int], float],
+              max_k: int, min_k: int = 0) -> tuple[int, float]:
+    """(k, goodput) of the k in [min_k, max_k] with the highest goodput; the smallest such k on a tie."""
+    best_k, best = min_k, -1.0
+    for k in range(min_k, max_k + 1):
+        rate = goodput(alphas, k, draft_per_token, overhead, verify(k))
+        if rate > best + 1e-12:
+            best_k, best = k, rate
+    return best_k, best
+
+
+def best_window(alphas: Sequence[float], draft_per_token: float, overhead: float, verify: Callable[[int], float],
+                max_k: int, min_k: int = 0) -> int:
+    """The k in [min_k, max_k] maximising E(k) / (k * t_draft + overhead + verify(k))."""
+    return best_rate(alphas, draft_per_token, overhead, verify, max_k, min_k)[0]

@@ -1,0 +1,36 @@
+"""One round, measured once: the record every consumer of a round reads (docs/architecture.md §2, §4).
+
+The round loop (edgespec.loop.rounds.Rounds.commit) builds exactly one RoundSample per committed round;
+the session's stats, the telemetry, the metrics, the round's span, the window policy and the drafter
+port all consume that same object. The simulator's rounds go through the same loop. Pure: no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class RoundSample:
+    k: int                               # tokens drafted (window size); 0 = target-only round
+    accepted: int                        # n, draft tokens the verifier accepted (0 <= n <= k)
+    draft_seconds: float                 # drafter time for the whole window
+    verify_wall_seconds: float           # coordinator-measured verify round trip (wire + queue + forward)
+    verify_compute_seconds: float = 0.0  # verifier-reported forward time for this window (0 = not reported)
+    queue_depth: int = 0                 # verifier-reported windows waiting when this one was scored
+    link: str = ""                       # verifier address the window went to ("" = not known)
+    committed: int = -1                  # tokens committed this round; -1 = accepted + 1
+    round_seconds: float = -1.0          # round wall time; -1 = draft + verify wall
+    target_logprob: float = 0.0          # verifier-reported sum of log p (T=1) over the committed tokens
+
+    @property
+    def tokens(self) -> int:
+        return self.accepted + 1 if self.committed < 0 else self.committed
+
+    @property
+    def wall(self) -> float:
+        return self.draft_seconds + self.verify_wall_seconds if self.round_seconds < 0 else self.round_seconds
+
+    @property
+    def rtt(self) -> float:
+        """The link's share of the verify round trip: wall minus the verifier's forward (all of it if unreported)."""
+        return max(0.0, self.verify_wall_seconds - self.verify_compute_seconds)
