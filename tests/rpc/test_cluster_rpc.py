@@ -273,9 +273,12 @@ def test_coupled_sampling_over_grpc_is_target_only_sampling_whatever_the_windows
                                coupled=True)
         assert tokens == expected, window
         assert stats.verification == "coupled-sampling" and stats.seed == 4242
+    # Resume inside the generation: a sample may end on EOS within its first tokens (the unrelated draft's
+    # cluster samples one), and a resume that already finishes the generation is INVALID_ARGUMENT.
+    cut = min(5, len(expected) - 1)
     resumed, _ = sample(cluster.coordinator.address, prompt, seed=4242, top_k=50, max_new=32, coupled=True,
-                        resume=expected[:5])
-    assert resumed == expected[5:]
+                        resume=expected[:cut])
+    assert resumed == expected[cut:]
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=1.5), dict(top_p=-0.5), dict(top_k=-1),
