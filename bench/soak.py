@@ -207,7 +207,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="largest max_new_tokens (default %(default)s)")
     parser.add_argument("--overload-clients", type=int, default=0, help="extra client loops during the middle third "
                         "of the run, to push past the services' limits on purpose; RESOURCE_EXHAUSTED answers (to any "
-                        "client) while they run count as overload, not failures (default %(default)s)")
+                        "client) while they run count as overload, not failures. The loops are anonymous callers, by default a "
+                        "service identity without a per-client limit: to hit one, give the coordinator "
+                        "'--service-identities= --max-sessions-per-client N' (default %(default)s)")
     parser.add_argument("--verifier-args", default="", help="verifier flags, e.g. '--model tiny:3 --max-queue 16'")
     parser.add_argument("--drafter-args", default="", help="drafter flags, e.g. '--model tiny:3~1'")
     parser.add_argument("--coordinator-args", default="", help="coordinator flags, e.g. '--tokenizer bytes'")

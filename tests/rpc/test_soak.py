@@ -20,9 +20,11 @@ def run(tmp_path, *args):
 
 def test_short_soak_with_an_overload_burst_has_no_failures_and_samples_memory(tmp_path):
     # 3 clients, plus 3 more in the middle third against a coordinator taking 4 sessions per client: the
-    # burst is answered RESOURCE_EXHAUSTED (deliberate overload), never with another error.
+    # burst is answered RESOURCE_EXHAUSTED (deliberate overload), never with another error. The soak's clients
+    # are anonymous, by default a service identity (no per-client limit): --service-identities= makes them
+    # one end user.
     code, report = run(tmp_path, "--minutes", "0.4", "--clients", "3", "--overload-clients", "3",
-                       "--coordinator-args", "--tokenizer bytes --max-sessions-per-client 4")
+                       "--coordinator-args", "--tokenizer bytes --service-identities= --max-sessions-per-client 4")
     assert code == 0
     assert report["failures"] == 0 and report["divergences"] == [] and report["exited_services"] == []
     assert report["statuses"]["OK"] >= 6 and report["overloaded"] == report["statuses"]["RESOURCE_EXHAUSTED"] > 0
@@ -40,6 +42,6 @@ def test_short_soak_with_an_overload_burst_has_no_failures_and_samples_memory(tm
 def test_overload_without_a_burst_is_a_failure(tmp_path):
     # One session per client and 3 loops: RESOURCE_EXHAUSTED nobody asked for fails the soak.
     code, report = run(tmp_path, "--minutes", "0.15", "--clients", "3",
-                       "--coordinator-args", "--tokenizer bytes --max-sessions-per-client 1")
+                       "--coordinator-args", "--tokenizer bytes --service-identities= --max-sessions-per-client 1")
     assert code == 1
     assert report["overloaded"] == 0 and report["failures"] == report["statuses"]["RESOURCE_EXHAUSTED"] > 0

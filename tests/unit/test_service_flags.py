@@ -23,6 +23,10 @@ def test_defaults():
                                                                              {"draft": "127.0.0.1:50062"})
     assert (c.generation.pipeline, c.generation.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
     assert c.generation == GenerationConfig()   # the library's defaults are the flags' defaults
+    # Without authentication nobody can be told apart: every caller is 'anonymous', a service identity
+    # (--max-sessions-per-service), so 64 anonymous users do not cap the whole coordinator.
+    assert v.service.security.service_identities == d.service.security.service_identities == ("anonymous",)
+    assert c.security.service_identities == ("anonymous",) and c.security.max_sessions_per_client == 64
 
 
 def test_coordinator_takes_a_verifier_pool():
