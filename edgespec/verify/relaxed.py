@@ -192,5 +192,10 @@ def committed_logprob(logits: np.ndarray, tokens: Sequence[int]) -> float:
     """Sum of the target's T=1 log-probabilities of ``tokens``, row i scoring tokens[i]."""
     if not tokens:
         return 0.0
-    rows = log_softmax(logits[: len(tokens)])
-    return float(sum(rows[i, t] for i, t in enumerate(tokens)))
+    # Only the picked entries and each row's log-sum-exp: a full log-softmax of a 152k vocabulary in float64
+    # cost ~4 ms a row, most of a llama.cpp step's budget; this is ~0.3 ms (float32 terms, float64 sums).
+    rows = np.asarray(logits[: len(tokens)], dtype=np.float32)
+    top = rows.max(axis=-1)
+    lse = top.astype(np.float64) + np.log(np.exp(rows - top[:, None]).sum(axis=-1, dtype=np.float64))
+    picked = rows[np.arange(len(tokens)), np.asarray(tokens)].astype(np.float64)
+    return float((picked - lse).sum())
