@@ -4,11 +4,24 @@ Starts the verifier (Qwen2.5-Coder-1.5B-Instruct), the drafter
 (Qwen2.5-Coder-0.5B-Instruct) and the coordinator as separate processes, streams a
 speculative generation, then runs the same prompt target-only (window 0, through
 the same verifier, so the target is loaded once) and prints both speeds.
+
+Backends: `torch` (default) runs the pair dequantised to float32 in PyTorch, the
+bit-exact reference (a few minutes of conversion on the first run); `llamacpp` runs
+the GGUF files as shipped in llama.cpp, the engine people run these models with on
+a CPU: ~3x faster in absolute terms here, but its greedy output is not bit-for-bit
+stable across context settings and, on this 2-core machine, speculation on it is
+slower than its own target-only (docs/benchmarks.md, "llama.cpp"). With llama.cpp
+on a machine of two or more CPUs the
+cluster is split as edge and cloud would be: the verifier on the last CPU, the
+drafter and coordinator on the others (drafting on the verifier's own cores cannot
+pay with this pair: docs/benchmarks.md), and target-only is that same verifier
+on its CPUs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +46,21 @@ async def stream(address: str, prompt: str, max_new_tokens: int, window: int, ec
     return tokens, stats
 
 
+def cluster_layout(backend: str, quantize: str) -> dict:
+    """LocalCluster arguments: llama.cpp services split over the CPUs as edge and cloud (the first half of
+    the CPUs for drafter and coordinator, the rest for the verifier: one each on two); torch services share
+    the machine."""
+    if backend == "torch":
+        return {"drafter_args": ["--quantize", quantize]}
+    cpus = sorted(os.sched_getaffinity(0))
+    llama = ["--backend", "llamacpp", "--ctx-tokens", "8192", "--max-sequences", "8"]
+    if len(cpus) < 2:
+        return {"verifier_args": llama, "drafter_args": llama}
+    edge, cloud = cpus[:len(cpus) // 2], cpus[len(cpus) // 2:]
+    return {"verifier_args": [*llama, "--threads", str(len(cloud))], "drafter_args": [*llama, "--threads", str(len(edge))],
+            "verifier_cpus": ",".join(map(str, cloud)), "edge_cpus": ",".join(map(str, edge))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="edgespec demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,17 +71,27 @@ def main() -> None:
                              "the costs it measures on this machine (default %(default)s). A fixed k tuned on one CPU "
                              "can lose on another: on an AMD EPYC host a 3-token target pass cost 3x a 1-token one "
                              "(MKL's small-matrix path), so k = 2 ran at 0.86x target-only while auto chose k = 4 (1.7x)")
-    parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"], help="drafter quantization")
+    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp"],
+                        help="model backend of verifier and drafter: llamacpp (the GGUF files as shipped) or torch "
+                             "(float32, the bit-exact reference) (default %(default)s)")
+    parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
+                        help="drafter quantization (backend torch)")
     parser.add_argument("--no-compare", action="store_true", help="skip the target-only comparison run")
     args = parser.parse_args()
 
-    print("== preparing the default models (first run: assembles and converts them, a few minutes)", flush=True)
-    subprocess.run([sys.executable, "-m", "edgespec.ops.prepare"], cwd=REPO_ROOT, check=True)
+    gguf = args.backend == "llamacpp"
+    print("== preparing the default models (first run: " + ("joins the GGUF chunks" if gguf else
+          "assembles and converts them, a few minutes") + ")", flush=True)
+    subprocess.run([sys.executable, "-m", "edgespec.ops.prepare", *(["--gguf"] if gguf else [])], cwd=REPO_ROOT,
+                   check=True)
     logs = Path(tempfile.mkdtemp(prefix="edgespec-demo-"))
     print(f"== starting verifier, drafter and coordinator on loopback (logs in {logs})", flush=True)
-    with LocalCluster(logs, drafter_args=["--quantize", args.quantize]) as cluster:
+    with LocalCluster(logs, **cluster_layout(args.backend, args.quantize)) as cluster:
         print(f"   verifier {cluster.verifier.address}  drafter {cluster.drafter.address}  "
               f"coordinator {cluster.coordinator.address}", flush=True)
+        if cluster.verifier_cpus:
+            print(f"   {args.backend}: verifier on CPU {cluster.verifier_cpus}, drafter and coordinator on CPU "
+                  f"{cluster.edge_cpus} (edge and cloud)", flush=True)
         asyncio.run(stream(cluster.coordinator.address, "warm up", 4, args.window, echo=False))
         print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {args.prompt}\n", flush=True)
         tokens, s = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, args.window, True))
