@@ -223,7 +223,7 @@ def test_idle_ttl_evicts_the_cache_and_the_next_window_restores_it():
     assert engine.kv_bytes < held and engine.committed("a") == reference.committed("a")
     for e in (engine, reference):             # the next windows: a restores from its committed prefix
         base = len(e.committed("a"))
-        results = e.verify_batch([("a", Window(0, base, (7, 8, 9))), ("b", Window(0, len(e.committed("b")), (4,)))])
+        e.verify_batch([("a", Window(0, base, (7, 8, 9))), ("b", Window(0, len(e.committed("b")), (4,)))])
     assert engine.committed("a") == reference.committed("a") and engine.committed("b") == reference.committed("b")
     assert engine.restores == 1
     clock.now += 700

@@ -14,8 +14,8 @@ from edgespec.errors import InvalidArgument
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
 from edgespec.verify.relaxed import Relaxation
-from edgespec.verify.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, race_times, verify_coupled,
-                               warp)
+from edgespec.verify.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, race_times,
+                                      verify_coupled)
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine
