@@ -54,6 +54,12 @@ def test_metadata_of_the_packaged_gguf(lm):
     assert lm.eos_ids() and all(0 <= t < lm.vocab_size for t in lm.eos_ids())
 
 
+def test_weights_are_read_not_mapped(lm):
+    # llama.cpp repacks the quantised weights for the CPU: a mapped GGUF would stay resident as a second copy.
+    with open("/proc/self/maps") as maps:
+        assert lm.name not in maps.read()
+
+
 def test_incremental_rows_match_one_pass_and_rollback_is_set_the_position(lm):
     seq = PROMPTS[1]
     whole = lm.logits(lm.new_state(), seq)                      # 30 rows, one decode
