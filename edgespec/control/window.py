@@ -57,19 +57,29 @@ class GoodputWindow:
     acceptance EMAs, t_draft its drafter seconds per token, RTT its link estimate, t_verify(k) its
     verifier forward time for a window of k — the estimate and the argmax AWC's goodput feature uses
     (Telemetry.goodput_window), except that a window not measured yet is costed optimistically, at the
-    nearest smaller measured one, so it gets tried. Before any round is measured it drafts one token;
-    after ``probe_every`` target-only rounds it drafts one token to re-measure acceptance.
+    nearest smaller measured one, so it gets tried.
+
+    Until drafting has been measured (here, or by earlier sessions whose costs the telemetry inherited)
+    it drafts one token; then, if the verifier's cost of a target-only round is unmeasured, it runs one.
+    While target-only rounds win it probes: after ``probe_every`` of them it drafts
+    one token to re-measure acceptance — or after ``rare_probe_every`` where the measured costs say that
+    drafting cannot pay even if every token were accepted (draft and target on the same cores): there a
+    probe only costs a round's drafting and the drafter's catch-up on the tokens it missed.
     """
     telemetry: Telemetry           # the session's; the round loop records every round into it
     max_k: int = 4                 # largest window considered, tokens
-    probe_every: int = 16          # after this many target-only rounds, draft one token to re-measure
+    probe_every: int = 16          # target-only rounds before a probe (one drafted token)
+    rare_probe_every: int = 256    # the same where drafting cannot pay at any acceptance
     _idle_rounds: int = 0          # consecutive k = 0 rounds
 
     def choose(self) -> int:
-        if self._idle_rounds >= self.probe_every and self.max_k > 0:
+        if self.max_k > 0 and self._idle_rounds >= self.probe_every and (
+                self._idle_rounds >= self.rare_probe_every or not self.telemetry.drafting_cannot_pay(self.max_k)):
             return 1   # acceptance may have recovered; k = 0 alone would never find out
-        if not self.telemetry.rounds:   # nothing measured yet: start with one drafted token
+        if self.telemetry.draft_per_token is None:   # drafting never measured: draft one token
             return min(1, self.max_k)
+        if self.telemetry.verify_compute and 0 not in self.telemetry.verify_compute:
+            return 0   # target-only rounds never measured: one round does (no smaller window to cost it by)
         return self.telemetry.goodput_window(self.max_k, optimistic=True)
 
     def observe(self, sample: RoundSample) -> None:

@@ -102,6 +102,7 @@ class Rounds:
         # (0 at the start: opened on the first draft, so a down drafter only costs speed).
         self.drafter_down_until: float | None = 0.0
         self.drafter_refusals = 0   # RESOURCE_EXHAUSTED answers from the drafter in a row (the backoff grows)
+        self.open_seconds = 0.0     # spent (re)opening the drafter session so far, seconds
         self.next_seq = 0
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
@@ -166,11 +167,16 @@ class Rounds:
             return True
         if now() < self.drafter_down_until:
             return False
+        started = now()
         try:
             await self.drafter.open(self.session_id, self.session.committed, self.params)
         except DRAFTER_FAULTS as error:
             self._drafter_fault(error)
             return False
+        finally:
+            seconds = now() - started
+            self.open_seconds += seconds
+            self.session.stats.draft_seconds += seconds   # the session waited on the drafter all the same
         log.info("session %s: drafter opened at position %d", self.session_id, self.session.position)
         self.drafter_down_until = None
         self.drafter_refusals = 0
@@ -250,11 +256,16 @@ class Rounds:
 
 
 async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
-    """Draft a window of up to k tokens at the committed position (none if k = 0 or the drafter is down)."""
-    started = now()
+    """Draft a window of up to k tokens at the committed position (none if k = 0 or the drafter is down).
+
+    The seconds returned are the drafting of this window (its catch-up on the tokens committed since the
+    drafter last drafted included), not (re)opening the drafter session: that is paid once per session,
+    and costing it per drafted token would make the window policy stop drafting for good."""
+    started, opening = now(), rounds.open_seconds
     drafted = await rounds.draft(k) if k > 0 else None
     draft, q = drafted if drafted is not None else ([], None)
-    return rounds.window(rounds.session.position, draft, q), (now() - started) if draft else 0.0
+    seconds = now() - started - (rounds.open_seconds - opening)
+    return rounds.window(rounds.session.position, draft, q), seconds if draft else 0.0
 
 
 @contextmanager

@@ -153,9 +153,25 @@ def test_goodput_and_awc_fall_back_to_target_only_when_nothing_is_accepted():
 
 
 def test_goodput_and_awc_leave_target_only_mode_when_acceptance_recovers():
-    for name in ("goodput", "awc"):
+    # goodput: a cheap drafter whose tokens are all rejected, then accepted; AWC: a dear drafter (with no
+    # acceptance drafting cannot pay there) that turns cheap as acceptance recovers
+    for name, draft, recovered in (("goodput", 0.005, 0.005), ("awc", 0.12, 0.005)):
         policy, telemetry = fresh(name)
-        trace = Trace(alpha=0.0, draft=0.12, verify=GPU, rtt=0.05)
+        trace = Trace(alpha=0.0, draft=draft, verify=GPU, rtt=0.05)
         assert run(policy, telemetry, trace, 80)[-10:].count(0) >= 8, name
-        trace.alpha, trace.draft = 0.9, 0.005
+        trace.alpha, trace.draft = 0.9, recovered
         assert mean(run(policy, telemetry, trace, 150)[-20:]) >= 3, name
+
+
+def test_goodput_probes_rarely_where_drafting_cannot_pay_at_any_acceptance():
+    # draft and target sharing cores (llama.cpp here): a drafted token costs 2/3 of a target step and a
+    # 2-token pass 1.4 steps, so even full acceptance loses to target-only rounds
+    shared = {k: 0.09 * (1 + 0.4 * k) for k in range(MAX_K + 1)}
+    policy, telemetry = fresh("goodput")
+    chosen = run(policy, telemetry, Trace(alpha=0.8, draft=0.06, verify=shared), 600)
+    assert telemetry.drafting_cannot_pay(MAX_K)
+    assert chosen[0] == 1 and sum(k > 0 for k in chosen[1:]) == 2, chosen   # probes after 256 idle rounds
+    # the same costs with a cheap drafter (the edge's own cores) can pay: probes every 16 rounds
+    policy, telemetry = fresh("goodput")
+    chosen = run(policy, telemetry, Trace(alpha=0.0, draft=0.005, verify=shared), 600)
+    assert not telemetry.drafting_cannot_pay(MAX_K) and sum(k > 0 for k in chosen) >= 30, chosen
