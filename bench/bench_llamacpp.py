@@ -89,7 +89,8 @@ async def run_edgespec(address: str, prompt: str, tokens: int, window: int) -> t
 
 
 def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict]:
-    """llama.cpp target-only greedy on the same backend, one token per decode, with the top-2 margins."""
+    """llama.cpp target-only greedy on the same backend, one token per decode, with the top-2 margins and the
+    decode seconds (after the prompt's prefill): the engine's own speed on these prompts, through no service."""
     from edgespec.backends import llamacpp
 
     lm = llamacpp.load("target", threads=threads, ctx_tokens=4096, max_sequences=2)
@@ -97,8 +98,10 @@ def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict
     out = []
     for prompt in prompts:
         state, seq, generated, margins = lm.new_state(), list(prompt), [], []
+        started = None
         for _ in range(tokens):
             row = lm.logits_rows(state, seq, 1)[0]
+            started = started or time.perf_counter()   # the prefill is not decoding
             top2 = np.partition(row, -2)[-2:]
             token = int(np.argmax(row))
             generated.append(token)
@@ -106,7 +109,7 @@ def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict
             if token in eos:
                 break
             seq.append(token)
-        out.append({"tokens": generated, "margins": margins})
+        out.append({"tokens": generated, "margins": margins, "decode_seconds": time.perf_counter() - started})
     lm.close()
     return out
 
@@ -207,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     log.info("anchors: %s", json.dumps({k: v for k, v in anchors.items() if "curve" not in k}))
 
     refs = references(prompt_ids, args.tokens, threads=2)
+    # the first token comes with the prefill, so len - 1 tokens were decoded in decode_seconds
+    anchors["target_tps_same_prompts_2threads"] = (sum(len(r["tokens"]) - 1 for r in refs)
+                                                   / sum(r["decode_seconds"] for r in refs))
     with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as logs:
         logs = Path(logs)
         llama = ["--backend", "llamacpp"]
@@ -251,6 +257,8 @@ def summarise(rows: list[dict], anchors: dict, args) -> dict:
         base = anchors["target_tps_1core" if split else "target_tps_2threads"]
         agg["vs_llamacpp_target_only"] = agg["tokens_per_second"] / base
         agg["vs_llamacpp_speculative"] = None if split else agg["tokens_per_second"] / best_spec
+        if not split and "target_tps_same_prompts_2threads" in anchors:
+            agg["vs_same_prompts_in_process"] = agg["tokens_per_second"] / anchors["target_tps_same_prompts_2threads"]
         if split:
             curve, step = anchors["cost_curve_1core"], 1.0 / base
             alpha = agg["acceptance"] or 0.0
@@ -266,6 +274,8 @@ def markdown(result: dict) -> str:
              "", "| llama.cpp anchor | tokens/s |", "|---|---|",
              f"| target-only, 2 threads | {a['target_tps_2threads']:.1f} |",
              f"| target-only, one core | {a['target_tps_1core']:.1f} |",
+             f"| target-only on the bench prompts, 2 threads, in process (llama-cpp-python, one token per decode) "
+             f"| {a.get('target_tps_same_prompts_2threads', float('nan')):.1f} |",
              f"| draft alone, 2 threads / one core | {a['draft_tps_2threads']:.1f} / {a['draft_tps_1core']:.1f} |"]
     for n, v in a["speculative_simple"].items():
         lines.append(f"| llama-speculative-simple, draft n_max {n} | {v['tokens_per_second']:.1f} "
@@ -273,13 +283,14 @@ def markdown(result: dict) -> str:
     lines += ["", "c(n), one pass over n tokens / one token: 2 threads "
               + ", ".join(f"{n}: {c:.2f}" for n, c in a["cost_curve_2threads"].items()) + "; one core "
               + ", ".join(f"{n}: {c:.2f}" for n, c in a["cost_curve_1core"].items()), "",
-              "| edgespec on llama.cpp | tokens/s | vs llama.cpp target-only | vs llama.cpp speculative | acceptance "
-              "| identical greedy | limit |", "|---|---|---|---|---|---|---|"]
+              "| edgespec on llama.cpp | tokens/s | vs llama.cpp target-only | vs in process, same prompts "
+              "| vs llama.cpp speculative | acceptance | identical greedy | limit |", "|---|---|---|---|---|---|---|---|"]
     for mode, s in result["summary"].items():
         spec = "" if s["vs_llamacpp_speculative"] is None else f"{s['vs_llamacpp_speculative']:.2f}x"
         acc = "" if s["acceptance"] is None else f"{s['acceptance']:.0%}"
         limit = f"{s['limit']:.2f}x" if "limit" in s else ""
-        lines.append(f"| {mode} | {s['tokens_per_second']:.1f} | {s['vs_llamacpp_target_only']:.2f}x | {spec} | {acc} "
+        same = f"{s['vs_same_prompts_in_process']:.2f}x" if "vs_same_prompts_in_process" in s else ""
+        lines.append(f"| {mode} | {s['tokens_per_second']:.1f} | {s['vs_llamacpp_target_only']:.2f}x | {same} | {spec} | {acc} "
                      f"| {s['identical']}/{s['prompts']} | {limit} |")
     lines += ["", f"Verifier resident memory (llama.cpp, default target): {result['verifier_rss_mib']:.0f} MiB"]
     return "\n".join(lines)
