@@ -13,8 +13,8 @@ edgespec on llama.cpp (verifier and drafter `--backend llamacpp`, the packaged G
    core 0), over an emulated link at each RTT: adaptive and fixed windows, against llama.cpp target-only on
    the cloud core alone.
 Every greedy output is compared with llama.cpp target-only greedy on the same backend (one token per
-llama_decode, in this process); divergences are counted with the first position and the target's top-2
-logit margin there. Speed is decode tokens/s (generation time minus the verifier prefill), as ratios.
+llama_decode, in this process, in a context of the verifiers' settings); divergences are counted with the
+first position and the target's top-2 logit margin there. Speed is decode tokens/s (generation time minus the verifier prefill), as ratios.
 """
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ from bench.wan import LinkProfile
 from edge_client.client import generate
 
 log = logging.getLogger("edgespec.bench_llamacpp")
+# The verifiers' llama.cpp context here and in the reference: llama.cpp's numerics depend on the context's
+# settings (a context of 4096 cells and 2 sequences diverged from one of 16384 and 64 at near-ties).
+CTX_TOKENS, MAX_SEQUENCES = 16384, 64
 
 
 # -- anchors: llama.cpp's own tools ----------------------------------------------------------------------
@@ -93,7 +96,7 @@ def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict
     decode seconds (after the prompt's prefill): the engine's own speed on these prompts, through no service."""
     from edgespec.backends import llamacpp
 
-    lm = llamacpp.load("target", threads=threads, ctx_tokens=4096, max_sequences=2)
+    lm = llamacpp.load("target", threads=threads, ctx_tokens=CTX_TOKENS, max_sequences=MAX_SEQUENCES)
     eos = set(lm.eos_ids())
     out = []
     for prompt in prompts:
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
                                                    / sum(r["decode_seconds"] for r in refs))
     with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as logs:
         logs = Path(logs)
-        llama = ["--backend", "llamacpp"]
+        llama = ["--backend", "llamacpp", "--ctx-tokens", str(CTX_TOKENS), "--max-sequences", str(MAX_SEQUENCES)]
         with LocalCluster(logs / "shared", verifier_args=[*llama, "--model", "target", "--threads", "2"],
                           drafter_args=[*llama, "--model", "draft", "--threads", "2"],
                           coordinator_args=["--tokenizer", "draft"]) as cluster:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.control.goodput import best_rate, best_window, expected_tokens
+from edgespec.control.goodput import best_rate, best_window, expected_tokens, goodput
 from edgespec.control.sample import RoundSample
 
 
@@ -192,16 +192,17 @@ class Telemetry:
         return best_window(alphas, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
                            lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k)
 
-    def drafting_cannot_pay(self, max_k: int) -> bool:
-        """True when, by the measured costs, no window of 1..max_k beats target-only rounds even if every
-        drafted token were accepted (unmeasured windows costed by the fitted slope, not optimistically).
-        False while the drafting cost is unmeasured."""
+    def drafting_cannot_pay(self, max_k: int, margin: float = 1.1) -> bool:
+        """True when, by the measured costs, no window of 1..max_k would beat target-only rounds by
+        ``margin`` even if every drafted token were accepted (unmeasured windows costed by the fitted slope,
+        not optimistically): a gain that small cannot repay what finding out costs (the drafter's session
+        opened or caught up on the tokens it missed). False while the drafting cost is unmeasured."""
         if self.draft_per_token is None:
             return False
         link = self.link_stats().mean or 0.0
-        k, _ = best_rate([1.0] * max_k, self.draft_per_token, link,
-                         lambda k: max(1e-6, self.verify_estimate(k)), max_k)
-        return k == 0
+        verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
+        _, drafting = best_rate([1.0] * max_k, self.draft_per_token, link, verify, max_k, min_k=1)
+        return drafting < margin * goodput([], 0, 0.0, link, verify(0))
 
     def link_stats(self, link: str | None = None) -> LinkStats:
         return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)

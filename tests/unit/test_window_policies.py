@@ -171,6 +171,10 @@ def test_goodput_probes_rarely_where_drafting_cannot_pay_at_any_acceptance():
     chosen = run(policy, telemetry, Trace(alpha=0.8, draft=0.06, verify=shared), 600)
     assert telemetry.drafting_cannot_pay(MAX_K)
     assert chosen[0] == 1 and sum(k > 0 for k in chosen[1:]) == 2, chosen   # probes after 256 idle rounds
+    # a drafter that would gain ~5% at full acceptance does not repay its probes either (10% margin)
+    policy, telemetry = fresh("goodput")
+    run(policy, telemetry, Trace(alpha=0.8, draft=0.045, verify=shared), 40)
+    assert telemetry.drafting_cannot_pay(MAX_K) and not telemetry.drafting_cannot_pay(MAX_K, margin=1.0)
     # the same costs with a cheap drafter (the edge's own cores) can pay: probes every 16 rounds
     policy, telemetry = fresh("goodput")
     chosen = run(policy, telemetry, Trace(alpha=0.0, draft=0.005, verify=shared), 600)
