@@ -14,7 +14,8 @@ edgespec on llama.cpp (verifier and drafter `--backend llamacpp`, the packaged G
    the cloud core alone.
 Every greedy output is compared with llama.cpp target-only greedy on the same backend (one token per
 llama_decode, in this process, in a context of the verifiers' settings); divergences are counted with the
-first position and the target's top-2 logit margin there. Speed is decode tokens/s (generation time minus the verifier prefill), as ratios.
+first position and the target's top-2 logit margin there. Speed is decode tokens/s (generation time minus
+the verifier prefill), as ratios.
 """
 from __future__ import annotations
 

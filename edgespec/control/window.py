@@ -63,13 +63,14 @@ class GoodputWindow:
     it drafts one token; then, if the verifier's cost of a target-only round is unmeasured, it runs one.
     While target-only rounds win it probes: after ``probe_every`` of them it drafts
     one token to re-measure acceptance — or after ``rare_probe_every`` where the measured costs say that
-    drafting cannot pay even if every token were accepted (draft and target on the same cores): there a
-    probe only costs a round's drafting and the drafter's catch-up on the tokens it missed.
+    drafting would not gain 10% even if every token were accepted (Telemetry.drafting_cannot_pay; draft and
+    target on the same cores): there a probe costs more (a round's drafting, the drafter's open or its
+    catch-up on the tokens it missed) than it could find.
     """
     telemetry: Telemetry           # the session's; the round loop records every round into it
     max_k: int = 4                 # largest window considered, tokens
     probe_every: int = 16          # target-only rounds before a probe (one drafted token)
-    rare_probe_every: int = 256    # the same where drafting cannot pay at any acceptance
+    rare_probe_every: int = 256    # the same where drafting cannot pay at any acceptance (by 10%)
     _idle_rounds: int = 0          # consecutive k = 0 rounds
 
     def choose(self) -> int:
