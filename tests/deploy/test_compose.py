@@ -154,6 +154,26 @@ def test_coordinator_wiring(config):
     assert "coordinator:50051" in config["services"]["client"]["entrypoint"]
 
 
+@pytest.mark.parametrize("backend", [None, "torch"])
+def test_engine_follows_edgespec_backend(backend, monkeypatch):
+    """Verifiers and drafter run llama.cpp unless EDGESPEC_BACKEND says torch: their resolved environments
+    parse with the services' own flag parsers, and prepare joins GGUF files (--gguf) only for llama.cpp."""
+    from services.drafter.__main__ import parse_args as drafter_args
+    from services.verifier.__main__ import parse_args as verifier_args
+
+    resolved = compose_config(COMPOSE, env={"EDGESPEC_BACKEND": backend} if backend else None, profiles=("prepare",))
+    services = resolved["services"]
+    for name, parse in [("verifier-a", verifier_args), ("verifier-b", verifier_args), ("drafter", drafter_args)]:
+        for key in [k for k in os.environ if k.startswith("EDGESPEC_")]:
+            monkeypatch.delenv(key)
+        for key, value in services[name]["environment"].items():
+            monkeypatch.setenv(key, value)
+        assert parse([]).backend == (backend or "llamacpp"), name
+    assert services["prepare"]["environment"]["EDGESPEC_BACKEND"] == (backend or "llamacpp")
+    script = " ".join(services["prepare"]["command"]).replace("$$", "$")   # `config` keeps compose's $$ escapes
+    assert '[ "$EDGESPEC_BACKEND" = llamacpp ]' in script and "--gguf" in script
+
+
 def test_every_service_serves_metrics_on_its_networks_only(config, tls_config):
     """Prometheus /metrics on 9464 in every service container: set, exposed, never published to the host."""
     for model in (config, tls_config):
@@ -263,6 +283,13 @@ def test_dockerfile(image):
     assert "grpc_health.v1" in health and "HealthCheckResponse.SERVING" in health
     runs = " ".join(a for k, a in steps if k == "RUN")
     assert '"torch==2.13.0"' in runs and "TORCH_INDEX_URL" in runs
+    # llama-cpp-python compiles llama.cpp: in a throwaway stage (portable CPU flags), the image gets the wheel only
+    assert ("FROM", "${BASE_IMAGE} AS llama-wheel") in steps
+    assert any(k == "ARG" and "LLAMA_CMAKE_ARGS=" in a and "-DGGML_NATIVE=OFF" in a for k, a in steps)
+    assert ("COPY", "--from=llama-wheel /wheels /tmp/llama-wheels") in steps
+    assert "--find-links /tmp/llama-wheels" in runs and "import llama_cpp" in runs
+    final = max(i for i, (k, a) in enumerate(steps) if k == "FROM")
+    assert not any(k == "RUN" and "g++" in a for k, a in steps[final:]), "no compiler in the final image"
 
 
 def test_dockerignore_keeps_the_context_small():
