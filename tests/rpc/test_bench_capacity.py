@@ -1,0 +1,108 @@
+"""`edgespec bench-capacity` end to end with SmolLM2 in llama.cpp as target and draft: a real verifier process,
+emulated edge devices proposing the draft model's recorded choices, over a real delay proxy."""
+import json
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
+
+from bench import bench_capacity  # noqa: E402
+from edgespec.backends import llamacpp  # noqa: E402
+from edgespec.backends.tokenizer import load_tokenizer  # noqa: E402
+
+SMALL = ["--model", "smollm2", "--draft", "smollm2", "--tokens", "10", "--draft-ms", "2",
+         "--verifier-args", "--ctx-tokens 4096"]
+ROW_KEYS = {"mode", "sessions", "rtt_ms", "backend", "tokens_per_second", "tpot_p50_ms", "tpot_p99_ms", "limit",
+            "mismatches"}
+
+
+def run(tmp_path, *args):
+    out = tmp_path / "capacity.json"
+    code = bench_capacity.main([*SMALL, "--references", str(tmp_path / "refs.json"), "--drafts",
+                                str(tmp_path / "drafts.json"), "--json", str(out), *args])
+    return code, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_every_mode_n_and_rtt_is_measured_and_exact(tmp_path):
+    code, report = run(tmp_path, "--sessions", "1,2", "--rtt", "0,20", "--modes", "ar,k=2,auto",
+                       "--plot", str(tmp_path / "capacity.png"))
+    assert code == 0 and report["mismatches"] == 0
+    rows = report["rows"]
+    assert [(r["rtt_ms"], r["sessions"], r["mode"]) for r in rows] == [
+        (rtt, n, mode) for rtt in (0.0, 20.0) for n in (1, 2) for mode in ("ar", "k=2", "auto")]
+    for row in rows:
+        assert ROW_KEYS <= set(row) and row["error"] is None and row["backend"] == "llamacpp"
+        assert row["tokens_per_second"] > 0 and 0 < row["tpot_p50_ms"] <= row["tpot_p99_ms"]
+        assert row["limit"] > 0 and row["limit_with_link"] > 0 and row["vs_ar"] > 0
+        assert row["verifier_cpu_seconds_per_1k_tokens"] > 0
+    for row in (r for r in rows if r["mode"] == "ar"):
+        assert row["tokens_per_round"] == 1 and row["acceptance"] is None and row["windows"].keys() == {"0"}
+        assert row["vs_ar"] == 1
+    for row in (r for r in rows if r["mode"] == "k=2"):
+        # the draft is the target: its recorded choices are the target's own, so nearly every token is accepted
+        assert row["acceptance"] >= 0.8 and row["tokens_per_round"] > 2
+    assert (tmp_path / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recorded_choices_are_the_draft_models_greedy_chain():
+    """A window of k from position p, taken from the one-pass choices, is accepted exactly as far as the draft
+    model's own greedy chain of k from that prefix (decoded token by token) would be."""
+    prompt = load_tokenizer("smollm2").encode("List three prime numbers.", True)
+    lm = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=1)
+    try:
+        state = lm.new_state()
+        reference = lm.greedy_draft(state, prompt, 12)   # a stand-in "target output": the model's own greedy text
+        reference[6] = (reference[6] + 1) % 1000         # one token the draft would not choose
+    finally:
+        lm.close()
+    choices = bench_capacity.draft_choices("smollm2", 1, prompt, reference)
+    assert len(choices) == len(reference)
+    for p in range(len(reference) - 3):
+        lm = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=1)
+        try:
+            chain = lm.greedy_draft(lm.new_state(), [*prompt, *reference[:p]], 3)
+        finally:
+            lm.close()
+
+        def accepted(window):
+            n = 0
+            while n < len(window) and window[n] == reference[p + n]:
+                n += 1
+            return n
+        assert accepted(choices[p:p + 3]) == accepted(chain), p
+        assert choices[p] == chain[0], p
+
+
+def test_output_that_differs_from_the_reference_is_counted_and_fails_the_run(tmp_path):
+    code, _ = run(tmp_path, "--sessions", "1", "--rtt", "0", "--modes", "ar")
+    assert code == 0
+    cache_path = tmp_path / "refs.json"
+    cache = json.loads(cache_path.read_text())
+    (key, reference), = cache.items()
+    cache[key] = reference[:4] + [(reference[4] + 1) % 1000] + reference[5:]   # a wrong "target" token at 4
+    cache_path.write_text(json.dumps(cache))
+    code, report = run(tmp_path, "--sessions", "1", "--rtt", "0", "--modes", "ar")
+    assert code == 1
+    (row,) = report["rows"]
+    assert row["mismatches"] == 1 and row["mismatch_details"][0]["position"] == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modes", "ar,k=9"], "k=1..k=8"),
+    (["--modes", "greedy"], "expected ar, auto"),
+    (["--sessions", "0"], ">= 1"),
+    (["--sessions", "1,x"], "comma-separated"),
+    (["--rtt", "-5"], ">= 0"),
+    (["--tokens", "1"], "--tokens"),
+    (["--draft-ms", "-1"], "--draft-ms"),
+])
+def test_bad_flags_are_refused_before_anything_starts(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        bench_capacity.main([*SMALL, "--json", str(tmp_path / "x.json"), *args])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_flag_the_verifier_does_not_take_is_refused(tmp_path, capsys):
+    code, report = run(tmp_path, "--verifier-args", "--no-such-flag 3")
+    assert code == 2 and report is None and "--no-such-flag" in capsys.readouterr().err
