@@ -17,7 +17,9 @@ alike:
   ar      autoregressive serving of the same users: every round a target-only step (window 0), batched
           across sessions like every other mode — the cloud-only deployment edge drafting must beat
   k=K     edge drafting with a fixed window of K tokens
-  auto    the coordinator's default window policy (GoodputWindow on the session's own telemetry)
+  auto    the coordinator's default window policy (GoodputWindow on the session's own telemetry), which
+          charges a window for the other sessions' windows it slows in a shared forward (load-aware)
+  auto-blind  the same policy without the verdicts' batch reports: what it chose before it knew the load
 
 Reported per (RTT, N, mode): committed tokens/s over the decode phase, per-user TPOT p50/p99 (a session's
 decode wall / its tokens), the ratio to ar at the same RTT and N, acceptance and tokens per round, verifier
@@ -73,14 +75,14 @@ class SessionRun:
 
 
 def parse_mode(mode: str) -> int | None:
-    """ar -> 0, k=K -> K, auto -> None; ValueError for anything else."""
+    """ar -> 0, k=K -> K, auto and auto-blind -> None; ValueError for anything else."""
     if mode == "ar":
         return 0
-    if mode == "auto":
+    if mode in ("auto", "auto-blind"):
         return None
     if mode.startswith("k=") and mode[2:].isdigit() and 1 <= int(mode[2:]) <= MAX_K:
         return int(mode[2:])
-    raise ValueError(f"mode {mode!r}: expected ar, auto or k=1..k={MAX_K}")
+    raise ValueError(f"mode {mode!r}: expected ar, auto, auto-blind or k=1..k={MAX_K}")
 
 
 def policy_for(mode: str, costs: Telemetry):
@@ -164,8 +166,10 @@ async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[i
         run.accepted += verdict.accepted
         run.compute_seconds.append(verdict.verify_compute_seconds)
         run.generated += [*tokens[:verdict.accepted], verdict.next_token]
+        blind = mode == "auto-blind"   # the policy without the verdicts' batch reports: load-unaware
         sample = RoundSample(k, verdict.accepted, sent - drafted, done - sent, verdict.verify_compute_seconds,
-                             verdict.queue_depth, "cloud")
+                             verdict.queue_depth, "cloud", batch_windows=0 if blind else verdict.batch_windows,
+                             batch_tokens=0 if blind else verdict.batch_tokens)
         if telemetry is not None:
             telemetry.record(sample)
         policy.observe(sample)
@@ -335,17 +339,18 @@ async def measure(service, metrics_url: str | None, config: argparse.Namespace, 
     for rtt in config.rtt:
         proxy = DelayProxy(service.address, LinkProfile(rtt_ms=rtt)).start() if rtt else None
         address = proxy.address if proxy else service.address
-        costs = Telemetry(max_k=MAX_K)   # one edge's coordinator: its costs carry over between its sessions
+        # One edge's coordinator per auto mode: its costs carry over between its sessions.
+        costs = {mode: Telemetry(max_k=MAX_K) for mode in ("auto", "auto-blind", *config.modes)}
         try:
-            for mode in ("ar", "auto"):    # warm-up: the verifier's first forwards; auto's costs measured once
+            for mode in ("ar", *(m for m in config.modes if m.startswith("auto"))):   # warm-up; auto's costs
                 await asyncio.wait_for(run_sessions(address, prompts, references, choices, 1, mode, draft_seconds,
-                                                    costs, eos, f"warmup-{rtt}-{mode}", service.process.pid, None),
-                                       config.timeout)
+                                                    costs[mode], eos, f"warmup-{rtt}-{mode}", service.process.pid,
+                                                    None), config.timeout)
             for n in config.sessions:
                 for mode in config.modes:
                     try:
                         row = await asyncio.wait_for(run_sessions(
-                            address, prompts, references, choices, n, mode, draft_seconds, costs, eos,
+                            address, prompts, references, choices, n, mode, draft_seconds, costs[mode], eos,
                             f"cap-{rtt}-{n}-{mode}", service.process.pid, metrics_url), config.timeout)
                     except (asyncio.TimeoutError, grpc.aio.AioRpcError, RuntimeError) as error:
                         reason = (f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError) else
@@ -386,8 +391,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", default="", help="tokenizer for the prompts (default: --draft)")
     parser.add_argument("--sessions", default="1,2,4,8,16,32", help="concurrent sessions N (default %(default)s)")
     parser.add_argument("--rtt", default="0,50,100", help="edge-cloud round trips, ms (default %(default)s)")
-    parser.add_argument("--modes", default="ar,k=1,k=2,k=4,auto",
-                        help=f"of ar, k=1..k={MAX_K}, auto (default %(default)s)")
+    parser.add_argument("--modes", default="ar,k=1,k=2,k=4,auto,auto-blind",
+                        help=f"of ar, k=1..k={MAX_K}, auto, auto-blind (default %(default)s)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens each session generates, fewer at EOS "
                         "(default %(default)s)")
     parser.add_argument("--verifier-cpus", default="auto", help="taskset CPU list for the verifier; auto = the "

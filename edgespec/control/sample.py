@@ -21,6 +21,8 @@ class RoundSample:
     committed: int = -1                  # tokens committed this round; -1 = accepted + 1
     round_seconds: float = -1.0          # round wall time; -1 = draft + verify wall
     target_logprob: float = 0.0          # verifier-reported sum of log p (T=1) over the committed tokens
+    batch_windows: int = 0               # verifier-reported windows in the forward that scored this one (0 = unknown)
+    batch_tokens: int = 0                # verifier-reported tokens that forward fed, all windows (0 = unknown)
 
     @property
     def tokens(self) -> int:

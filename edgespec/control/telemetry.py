@@ -97,6 +97,8 @@ class Telemetry:
     tpot: float | None = None                                  # seconds per committed token
     rounds: int = 0
     last_link: str = ""
+    batch_windows: float = 0.0                                 # EMA of windows per verifier forward (0 = unreported)
+    forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -113,6 +115,11 @@ class Telemetry:
         self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         if sample.verify_compute_seconds > 0:
             self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k), sample.verify_compute_seconds, s)
+            if sample.batch_tokens > 0:
+                self.forward_curve[sample.batch_tokens] = _ema(self.forward_curve.get(sample.batch_tokens),
+                                                               sample.verify_compute_seconds, s)
+        if sample.batch_windows > 0:
+            self.batch_windows = _ema(self.batch_windows or None, float(sample.batch_windows), s)
         self.queue_last = sample.queue_depth
         self.queue_ema = (1 - s) * self.queue_ema + s * sample.queue_depth
         if sample.tokens > 0:
@@ -139,6 +146,7 @@ class Telemetry:
         self.last_link = other.last_link
         self.draft_per_token, self.verify_wall = other.draft_per_token, other.verify_wall
         self.verify_compute = dict(other.verify_compute)
+        self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
 
     # -- estimates -------------------------------------------------------------------------------
@@ -168,10 +176,44 @@ class Telemetry:
         num = sum((k - mk) * (t - mt) for k, t in zip(ks, ts))
         return max(0.0, num / sum((k - mk) ** 2 for k in ks))
 
+    def forward_seconds(self, tokens: float) -> float | None:
+        """The verifier's forward time for a forward that feeds ``tokens`` (all its windows), from the forwards
+        verdicts reported: measured sizes as measured, sizes between them interpolated, a size past the largest
+        measured extrapolated along the last measured segment (or, with one size measured, in proportion to
+        it), below the smallest as the smallest. None before any report."""
+        if not self.forward_curve:
+            return None
+        sizes = sorted(self.forward_curve)
+        curve = self.forward_curve
+        if tokens <= sizes[0]:
+            return curve[sizes[0]]
+        if tokens >= sizes[-1]:
+            if len(sizes) == 1:
+                return curve[sizes[0]] * tokens / sizes[0]
+            lo, hi = sizes[-2], sizes[-1]
+            return curve[hi] + max(0.0, (curve[hi] - curve[lo]) / (hi - lo)) * (tokens - hi)
+        hi = next(n for n in sizes if n >= tokens)
+        lo = max(n for n in sizes if n <= tokens)
+        return curve[lo] if lo == hi else curve[lo] + (curve[hi] - curve[lo]) * (tokens - lo) / (hi - lo)
+
+    def shared_forwards(self) -> bool:
+        """The verifier's forwards carry other sessions' windows too (1.5 or more per forward on average)."""
+        return self.batch_windows >= 1.5
+
     def verify_estimate(self, k: int, optimistic: bool = False) -> float:
-        """Verifier forward seconds for a window of k: the measured EMA; for a window not measured yet, t_ref
-        plus the slope, or (``optimistic``) the cost of the nearest smaller measured window (else the
-        smallest measured one; 0 while the verifier reports no forward time), so that it gets tried."""
+        """Verifier forward seconds for a window of k.
+
+        Under load (forwards shared by other sessions' windows, W of them on average): the verifier's measured
+        forward time for W (k+1) tokens — the forward if every session sharing it drafted k as this one does
+        (forward_seconds), so that a window's tokens are charged to everyone they slow down, and drafting
+        backs off as the batch fills where the verifier's cost grows with the tokens it feeds, and returns
+        when it drains.
+        Otherwise the measured EMA; for a window not measured yet, t_ref plus the slope, or
+        (``optimistic``) the cost of the nearest smaller measured window (else the smallest measured one;
+        0 while the verifier reports no forward time), so that it gets tried."""
+        shared = self.forward_seconds(self.batch_windows * (k + 1)) if self.shared_forwards() else None
+        if shared is not None:
+            return shared
         if k in self.verify_compute:
             return self.verify_compute[k]
         if optimistic:
@@ -188,9 +230,17 @@ class Telemetry:
         among the others; the goodput policy follows it with ``optimistic`` costing of unmeasured windows.
         Past the positions tracked, acceptance is taken to stay at the last tracked position's."""
         max_k = self.max_k if max_k is None else max_k
-        alphas = self.alpha + self.alpha[-1:] * (max_k - len(self.alpha)) if max_k > len(self.alpha) else self.alpha
-        return best_window(alphas, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+        return best_window(self._alphas(max_k), self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
                            lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k)
+
+    def goodput_rate(self, k: int, optimistic: bool = False) -> float:
+        """E(k) / (k t_draft + RTT + t_verify(k)) from these estimates: what goodput_window maximises."""
+        return goodput(self._alphas(k), k, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+                       max(1e-6, self.verify_estimate(k, optimistic)))
+
+    def _alphas(self, max_k: int) -> list[float]:
+        """Per-position acceptance for windows up to max_k: past the positions tracked, the last one's."""
+        return self.alpha + self.alpha[-1:] * (max_k - len(self.alpha)) if max_k > len(self.alpha) else self.alpha
 
     def drafting_cannot_pay(self, max_k: int, margin: float = 1.1) -> bool:
         """True when, by the measured costs, no window of 1..max_k would beat target-only rounds by

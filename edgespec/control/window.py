@@ -65,23 +65,35 @@ class GoodputWindow:
     one token to re-measure acceptance — or after ``rare_probe_every`` where the measured costs say that
     drafting would not gain 10% even if every token were accepted (Telemetry.drafting_cannot_pay; draft and
     target on the same cores): there a probe costs more (a round's drafting, the drafter's open or its
-    catch-up on the tokens it missed) than it could find.
+    catch-up on the tokens it missed) than it could find. Not while the verifier's forwards are shared:
+    what a drafted token costs then moves with the load, and a probe measures the next forward size.
+    Nor does it switch windows there for less than ``hold_margin``: sessions whose windows differ take
+    rounds of different lengths, drift apart, and their windows stop meeting in one forward.
     """
     telemetry: Telemetry           # the session's; the round loop records every round into it
     max_k: int = 4                 # largest window considered, tokens
     probe_every: int = 16          # target-only rounds before a probe (one drafted token)
     rare_probe_every: int = 256    # the same where drafting cannot pay at any acceptance (by 10%)
+    hold_margin: float = 0.05      # under shared forwards, keep the last window unless another gains this much
     _idle_rounds: int = 0          # consecutive k = 0 rounds
+    _held: int | None = None       # the window goodput chose last
 
     def choose(self) -> int:
         if self.max_k > 0 and self._idle_rounds >= self.probe_every and (
-                self._idle_rounds >= self.rare_probe_every or not self.telemetry.drafting_cannot_pay(self.max_k)):
+                self._idle_rounds >= self.rare_probe_every or self.telemetry.shared_forwards()
+                or not self.telemetry.drafting_cannot_pay(self.max_k)):
             return 1   # acceptance may have recovered; k = 0 alone would never find out
         if self.telemetry.draft_per_token is None:   # drafting never measured: draft one token
             return min(1, self.max_k)
         if self.telemetry.verify_compute and 0 not in self.telemetry.verify_compute:
             return 0   # target-only rounds never measured: one round does (no smaller window to cost it by)
-        return self.telemetry.goodput_window(self.max_k, optimistic=True)
+        best = self.telemetry.goodput_window(self.max_k, optimistic=True)
+        held = self._held
+        if (held is not None and held != best and held <= self.max_k and self.telemetry.shared_forwards()
+                and self.telemetry.goodput_rate(best, True) < (1 + self.hold_margin) * self.telemetry.goodput_rate(held, True)):
+            best = held   # sessions sharing forwards keep in step: a switch for a small gain splits the batch
+        self._held = best
+        return best
 
     def observe(self, sample: RoundSample) -> None:
         self._idle_rounds = self._idle_rounds + 1 if sample.k == 0 else 0

@@ -61,6 +61,7 @@ class WindowResult:
     committed_position: int  # base_position + n + 1
     verify_compute_seconds: float  # target forward (shared by the batch) + verification, seconds
     batch_size: int = 1    # windows verified in the same forward pass
+    batch_tokens: int = 1  # tokens that forward fed, all its windows together (each window's k + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +211,9 @@ class VerifierEngine:
             return
         self.restores += restoring
         seconds = time.perf_counter() - started
+        fed = sum(len(requests[i][1].draft) + 1 for i, _ in scored)
         for (i, session), logits in zip(scored, rows):
-            results[i] = self._commit(session, requests[i][1], logits, seconds, len(scored))
+            results[i] = self._commit(session, requests[i][1], logits, seconds, len(scored), fed)
 
     def _admit(self, session_id: str, window: Window) -> tuple[WindowResult | None, _Session]:
         """Check a window; the result if it needs no forward (discarded, replayed), else None."""
@@ -230,7 +232,7 @@ class VerifierEngine:
         return None, session
 
     def _commit(self, session: _Session, window: Window, logits: np.ndarray, forward_seconds: float,
-                batch_size: int) -> WindowResult:
+                batch_size: int, batch_tokens: int) -> WindowResult:
         started = time.perf_counter()
         draft, q, params = window.draft, window.q, session.params
         if params.relaxation.lossy:
@@ -248,7 +250,7 @@ class VerifierEngine:
         # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
         self.target.crop(session.kv, len(session.committed) - 1)
         result = WindowResult(verdict, window.base_position, len(session.committed),
-                              forward_seconds + time.perf_counter() - started, batch_size)
+                              forward_seconds + time.perf_counter() - started, batch_size, batch_tokens)
         session.replies[window.base_position] = ((draft, q), result)
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)

@@ -190,7 +190,8 @@ class Rounds:
         session = self.session
         sample = RoundSample(len(window.draft), verdict.accepted, draft_seconds, verify_wall_seconds,
                              verdict.verify_compute_seconds, verdict.queue_depth, verdict.verifier,
-                             target_logprob=verdict.target_logprob)
+                             target_logprob=verdict.target_logprob, batch_windows=verdict.batch_windows,
+                             batch_tokens=verdict.batch_tokens)
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,

@@ -77,7 +77,7 @@ class Window(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob")
+    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob", "batch_windows", "batch_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,8 @@ class Verdict(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_FIELD_NUMBER: _ClassVar[int]
     TARGET_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     window_seq: int
     base_position: int
@@ -98,7 +100,9 @@ class Verdict(_message.Message):
     queue_depth: int
     discarded: bool
     target_logprob: float
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ...) -> None: ...
+    batch_windows: int
+    batch_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ..., batch_windows: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -20,6 +20,8 @@ class Verdict:
     queue_depth: int = field(default=0, compare=False)           # windows waiting when this one started
     target_logprob: float = field(default=0.0, compare=False)    # sum of log p (T=1) over the committed tokens
     verifier: str = field(default="", compare=False)             # address of the verifier that gave it ("" = unknown)
+    batch_windows: int = field(default=0, compare=False)         # windows in the forward that scored it (0 = unknown)
+    batch_tokens: int = field(default=0, compare=False)          # tokens that forward fed, all windows (0 = unknown)
 
     def committed(self, draft: Sequence[int]) -> list[int]:
         """The tokens this verdict commits: draft[:n] + [next_token]."""

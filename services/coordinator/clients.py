@@ -98,7 +98,8 @@ class GrpcVerifier:
         reply = await stream.send(message, self._deadline)
         return None if reply.discarded else Verdict(
             reply.accepted, reply.next_token, verify_compute_seconds=reply.verify_compute_seconds,
-            queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address)
+            queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address,
+            batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens)
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

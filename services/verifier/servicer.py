@@ -79,7 +79,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                           accepted=verdict.accepted if verdict else 0, next_token=verdict.next_token if verdict else 0,
                           committed_position=result.committed_position,
                           verify_compute_seconds=result.verify_compute_seconds, queue_depth=depth,
-                          target_logprob=verdict.target_logprob if verdict else 0.0)
+                          target_logprob=verdict.target_logprob if verdict else 0.0,
+                          batch_windows=result.batch_size if verdict else 0,
+                          batch_tokens=result.batch_tokens if verdict else 0)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
         try:

@@ -73,18 +73,23 @@ def test_concurrent_sessions_share_forwards_and_get_the_unbatched_verdicts(verif
                 return verdicts
             return await asyncio.gather(*(session(i) for i in range(8)))
 
-    for i, verdicts in enumerate(asyncio.run(go())):
+    results = asyncio.run(go())
+    for i, verdicts in enumerate(results):
         reference.open(f"s{i}", PROMPTS[i])
         base = len(PROMPTS[i])
         for r, verdict in enumerate(verdicts):
             expected = reference.verify(f"s{i}", base, [(7 * i + r) % 300, 101, 102][:1 + (i + r) % 3])
             assert (verdict.accepted, verdict.next_token, verdict.committed_position) == (
                 expected.verdict.accepted, expected.verdict.next_token, expected.committed_position)
+            k = len([(7 * i + r) % 300, 101, 102][:1 + (i + r) % 3])
+            # the forward that scored it, for load-aware window control: its windows and the tokens it fed
+            assert 1 <= verdict.batch_windows <= 8 and k + 1 <= verdict.batch_tokens <= 4 * verdict.batch_windows
             base = verdict.committed_position
     metrics = scrape(verifier)
     forwards = metrics[("edgespec_verifier_batch_size_count", ())]
     assert metrics[("edgespec_verifier_batch_size_sum", ())] == 8 * rounds    # every window in exactly one forward
     assert forwards < 8 * rounds                                               # ... and some forwards held several
+    assert any(v.batch_windows > 1 for verdicts in results for v in verdicts)
     assert metrics[("edgespec_verifier_open_sessions", ())] == 8
 
 

@@ -134,6 +134,7 @@ def test_a_batch_equals_the_same_windows_one_by_one():
         assert result.verdict.committed(window.draft) == alone.verdict.committed(window.draft)
         assert result.verdict.target_logprob == pytest.approx(alone.verdict.target_logprob, abs=1e-4)
         assert result.batch_size == len(PROMPTS)
+        assert result.batch_tokens == sum(len(w.draft) + 1 for _, w in requests)   # every window's k + 1
         assert batched.committed(session_id) == single.committed(session_id)
 
 

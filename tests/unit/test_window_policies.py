@@ -7,6 +7,8 @@ each of which can change mid-trace. Every policy sees the same RoundSample throu
 import random
 from dataclasses import dataclass, field
 
+import pytest
+
 from edgespec.control.awc import AwcWindow
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
@@ -179,3 +181,75 @@ def test_goodput_probes_rarely_where_drafting_cannot_pay_at_any_acceptance():
     policy, telemetry = fresh("goodput")
     chosen = run(policy, telemetry, Trace(alpha=0.0, draft=0.005, verify=shared), 600)
     assert not telemetry.drafting_cannot_pay(MAX_K) and sum(k > 0 for k in chosen) >= 30, chosen
+
+
+# -- load-aware window control: the verifier's forwards are shared by other sessions' windows -------------
+
+A, B = 0.03, 0.005         # a verifier forward: 30 ms + 5 ms per token fed
+
+
+def loaded_round(k: int, accepted: int, windows: int) -> RoundSample:
+    """A round whose window shared its forward with ``windows - 1`` others drafting k as it did."""
+    tokens = windows * (k + 1)
+    return RoundSample(k, accepted, 0.001 * k, A + B * tokens + 0.001, A + B * tokens, link="v",
+                       batch_windows=windows, batch_tokens=tokens)
+
+
+def test_drafting_backs_off_as_the_batch_fills_and_returns_when_it_drains():
+    telemetry = Telemetry()
+    policy = GoodputWindow(telemetry, max_k=4)
+    rng = random.Random(0)
+
+    def play(windows: int, rounds: int) -> list[int]:
+        chosen = []
+        for _ in range(rounds):
+            k = policy.choose()
+            accepted = next((j for j in range(k) if rng.random() > 0.6), k)   # each token accepted w.p. 0.6
+            sample = loaded_round(k, accepted, windows)
+            telemetry.record(sample)
+            policy.observe(sample)
+            chosen.append(k)
+        return chosen
+
+    alone = play(1, 60)
+    assert sum(k > 0 for k in alone[-30:]) >= 20          # alone, a pass over k + 1 tokens costs little more: draft
+    assert telemetry.forward_seconds(3) == pytest.approx(A + B * 3)
+    crowded = play(64, 60)
+    assert sum(k > 0 for k in crowded[-30:]) <= 2         # 64 windows a forward: a drafted token slows 63 others;
+                                                          # only probes draft
+    drained = play(1, 60)
+    assert sum(k > 0 for k in drained[-30:]) >= 20        # drained: drafting returns
+
+
+def test_the_shared_forward_is_charged_for_every_window_in_it():
+    telemetry = Telemetry()
+    for k in (0, 2):
+        telemetry.record(loaded_round(k, k, 8))         # forwards of 8 and 24 tokens
+    assert telemetry.shared_forwards() and telemetry.batch_windows == 8
+    assert telemetry.verify_estimate(0) == pytest.approx(A + B * 8)        # measured
+    assert telemetry.verify_estimate(1) == pytest.approx(A + B * 16)       # between measured sizes: interpolated
+    assert telemetry.verify_estimate(3) == pytest.approx(A + B * 32)       # past them: along the last segment
+    assert telemetry.forward_seconds(4) == pytest.approx(A + B * 8)        # below them: the smallest
+    one = Telemetry()
+    one.record(loaded_round(0, 0, 8))
+    assert one.forward_seconds(16) == pytest.approx(2 * (A + B * 8))      # one size: in proportion
+
+
+def test_without_batch_reports_the_estimates_are_the_measured_ones():
+    """A verifier that reports no batch (an older one) leaves the per-window measurements in charge."""
+    telemetry = Telemetry()
+    for k in (0, 1, 2):
+        telemetry.record(RoundSample(k, k, 0.0, 0.1 + 0.01 * k, 0.1 + 0.01 * k, link="v"))
+    assert telemetry.forward_seconds(2) is None and not telemetry.shared_forwards()
+    assert telemetry.verify_estimate(2) == pytest.approx(telemetry.verify_compute[2])
+
+
+def test_costs_and_load_carry_over_to_the_next_session():
+    earlier = Telemetry()
+    for k in (0, 1, 2):
+        earlier.record(loaded_round(k, k, 8))
+    later = Telemetry()
+    later.inherit_costs(earlier)
+    assert later.forward_curve == earlier.forward_curve and later.batch_windows == earlier.batch_windows
+    later.record(loaded_round(0, 0, 2))
+    assert later.forward_curve != earlier.forward_curve   # a copy, not the earlier session's own
