@@ -20,6 +20,7 @@ alike:
   auto    the coordinator's default window policy (GoodputWindow on the session's own telemetry), which
           charges a window for the other sessions' windows it slows in a shared forward (load-aware)
   auto-blind  the same policy without the verdicts' batch reports: what it chose before it knew the load
+  awc     the learned window controller (AwcWindow)
 
 Reported per (RTT, N, mode): committed tokens/s over the decode phase, per-user TPOT p50/p99 (a session's
 decode wall / its tokens), the ratio to ar at the same RTT and N, acceptance and tokens per round, verifier
@@ -55,6 +56,7 @@ from bench.bench_load import (BATCH_METRIC, batch_sizes, ensure_references, firs
                               unknown_flags, verifier_help)
 from bench.report import percentile
 from bench.wan import DelayProxy, LinkProfile
+from edgespec.control.awc import AwcWindow
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
@@ -75,14 +77,14 @@ class SessionRun:
 
 
 def parse_mode(mode: str) -> int | None:
-    """ar -> 0, k=K -> K, auto and auto-blind -> None; ValueError for anything else."""
+    """ar -> 0, k=K -> K, the adaptive policies (auto, auto-blind, awc) -> None; ValueError for anything else."""
     if mode == "ar":
         return 0
-    if mode in ("auto", "auto-blind"):
+    if mode in ("auto", "auto-blind", "awc"):
         return None
     if mode.startswith("k=") and mode[2:].isdigit() and 1 <= int(mode[2:]) <= MAX_K:
         return int(mode[2:])
-    raise ValueError(f"mode {mode!r}: expected ar, auto, auto-blind or k=1..k={MAX_K}")
+    raise ValueError(f"mode {mode!r}: expected ar, auto, auto-blind, awc or k=1..k={MAX_K}")
 
 
 def policy_for(mode: str, costs: Telemetry):
@@ -93,7 +95,7 @@ def policy_for(mode: str, costs: Telemetry):
         return FixedWindow(k)
     telemetry = Telemetry(max_k=MAX_K)
     telemetry.inherit_costs(costs)
-    return GoodputWindow(telemetry, max_k=MAX_K)
+    return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
 
 
 def draft_choices(draft: str, threads: int, prompt: list[int], reference: list[int]) -> list[int]:
@@ -145,7 +147,7 @@ async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[i
                  mode: str, draft_seconds: float, costs: Telemetry) -> SessionRun:
     """One device: choose a window, draft it (sleeping the draft time), verify it, commit, until ``length``."""
     run, policy = SessionRun(), policy_for(mode, costs)
-    telemetry = policy.telemetry if isinstance(policy, GoodputWindow) else None
+    telemetry = getattr(policy, "telemetry", None)   # the adaptive policies' own, recorded before they observe
     call = stub.VerifyStream()
     began = time.perf_counter()
     while len(run.generated) < length and not (run.generated and run.generated[-1] in eos):
@@ -230,7 +232,8 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
             windows[str(k)] = windows.get(str(k), 0) + 1
     return {"mode": mode, "sessions": n, "tokens": tokens, "seconds": round(wall, 3),
             "tokens_per_second": round(tokens / wall, 3),
-            "tpot_p50_ms": round(1000 * percentile(tpot, 0.5), 1), "tpot_p99_ms": round(1000 * percentile(tpot, 0.99), 1),
+            "tpot_p50_ms": round(1000 * percentile(tpot, 0.5), 1),
+            "tpot_p99_ms": round(1000 * percentile(tpot, 0.99), 1),
             "rounds": rounds, "tokens_per_round": round(tokens / rounds, 3) if rounds else None,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
             "forward_ms_mean": round(1000 * sum(compute) / len(compute), 2) if compute else None,
@@ -257,8 +260,8 @@ def add_limits_and_ratios(rows: list[dict], draft_seconds: float) -> None:
         rtt, t_ar = r["rtt_ms"] / 1000, ar["forward_ms_mean"] / 1000
         r["limit"] = round(max(g["tokens_per_round"] * t_ar / (g["forward_ms_mean"] / 1000) for g in fixed), 3)
         r["limit_with_link"] = round(max(
-            g["tokens_per_round"] * (rtt + t_ar) / (rtt + parse_mode(g["mode"]) * draft_seconds + g["forward_ms_mean"] / 1000)
-            for g in fixed), 3)
+            g["tokens_per_round"] * (rtt + t_ar)
+            / (rtt + parse_mode(g["mode"]) * draft_seconds + g["forward_ms_mean"] / 1000) for g in fixed), 3)
 
 
 def report_mismatches(row: dict) -> None:
@@ -268,7 +271,8 @@ def report_mismatches(row: dict) -> None:
               file=sys.stderr, flush=True)
 
 
-TABLE_HEADER = ("| RTT ms | N | mode | tok/s | vs ar | limit / with link | TPOT p50 / p99 ms | acceptance | tokens/round | "
+TABLE_HEADER = ("| RTT ms | N | mode | tok/s | vs ar | limit / with link | TPOT p50 / p99 ms | acceptance | "
+                "tokens/round | "
                 "forward ms | verifier CPU s / 1k tokens | windows / forward | mismatches |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -392,7 +396,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", default="1,2,4,8,16,32", help="concurrent sessions N (default %(default)s)")
     parser.add_argument("--rtt", default="0,50,100", help="edge-cloud round trips, ms (default %(default)s)")
     parser.add_argument("--modes", default="ar,k=1,k=2,k=4,auto,auto-blind",
-                        help=f"of ar, k=1..k={MAX_K}, auto, auto-blind (default %(default)s)")
+                        help=f"of ar, k=1..k={MAX_K}, auto, auto-blind, awc (default %(default)s)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens each session generates, fewer at EOS "
                         "(default %(default)s)")
     parser.add_argument("--verifier-cpus", default="auto", help="taskset CPU list for the verifier; auto = the "
@@ -435,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     verifier_args = ["--model", config.model, "--backend", config.backend, "--threads", "1",
                      *shlex.split(config.verifier_args)]
     if unknown_flags(verifier_args, verifier_help()):
-        print(f"edgespec bench-capacity: the verifier does not take {', '.join(unknown_flags(verifier_args, verifier_help()))}",
-              file=sys.stderr)
+        unknown = ", ".join(unknown_flags(verifier_args, verifier_help()))
+        print(f"edgespec bench-capacity: the verifier does not take {unknown}", file=sys.stderr)
         return 2
     tokenizer = load_tokenizer(config.tokenizer)
     prompts = [tokenizer.encode(text, True) for text in ordered_prompts()[:max(config.sessions)]]

@@ -36,6 +36,7 @@ import numpy as np
 from bench.cluster import LocalCluster
 from bench.llamacpp_tools import ensure_tools
 from bench.prompts import PROMPTS
+from bench.report import percentile
 from bench.wan import LinkProfile
 from edge_client.client import generate
 
@@ -146,7 +147,9 @@ def aggregate(rows: list[dict]) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     seconds = sum(r["decode_seconds"] for r in rows)
     drafted = sum(r["drafted"] for r in rows)
+    tpot = [r["decode_seconds"] / r["new_tokens"] for r in rows if r["new_tokens"]]   # per request, as vLLM reports
     return {"tokens_per_second": tokens / seconds, "identical": sum(r["identical"] for r in rows),
+            "tpot_p50_ms": 1000 * percentile(tpot, 0.5), "tpot_p99_ms": 1000 * percentile(tpot, 0.99),
             "prompts": len(rows), "acceptance": (sum(r["acceptance"] * r["drafted"] for r in rows) / drafted
                                                  if drafted else None)}
 
@@ -288,14 +291,16 @@ def markdown(result: dict) -> str:
               + ", ".join(f"{n}: {c:.2f}" for n, c in a["cost_curve_2threads"].items()) + "; one core "
               + ", ".join(f"{n}: {c:.2f}" for n, c in a["cost_curve_1core"].items()), "",
               "| edgespec on llama.cpp | tokens/s | vs llama.cpp target-only | vs in process, same prompts "
-              "| vs llama.cpp speculative | acceptance | identical greedy | limit |", "|---|---|---|---|---|---|---|---|"]
+              "| vs llama.cpp speculative | acceptance | TPOT p50 / p99 ms | identical greedy | limit |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for mode, s in result["summary"].items():
         spec = "" if s["vs_llamacpp_speculative"] is None else f"{s['vs_llamacpp_speculative']:.2f}x"
         acc = "" if s["acceptance"] is None else f"{s['acceptance']:.0%}"
         limit = f"{s['limit']:.2f}x" if "limit" in s else ""
         same = f"{s['vs_same_prompts_in_process']:.2f}x" if "vs_same_prompts_in_process" in s else ""
+        tpot = f"{s['tpot_p50_ms']:.0f} / {s['tpot_p99_ms']:.0f}" if "tpot_p50_ms" in s else ""
         lines.append(f"| {mode} | {s['tokens_per_second']:.1f} | {s['vs_llamacpp_target_only']:.2f}x | {same} | {spec} | {acc} "
-                     f"| {s['identical']}/{s['prompts']} | {limit} |")
+                     f"| {tpot} | {s['identical']}/{s['prompts']} | {limit} |")
     lines += ["", f"Verifier resident memory (llama.cpp, default target): {result['verifier_rss_mib']:.0f} MiB"]
     return "\n".join(lines)
 

@@ -46,6 +46,7 @@ TOOLS = {
     "bench-fuzz": Tool("bench.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests", SERVE + ("hypothesis",), "bench", True),
     "bench-load": Tool("bench.bench_load", "one verifier under N concurrent sessions drafting from the target's own output: tokens/s, TPOT, batch sizes, memory; cross-session batching on vs off", SERVE, "bench", True),
     "bench-capacity": Tool("bench.bench_capacity", "one verifier serving N users: edge drafting (real draft proposals, fixed k and auto) vs autoregressive serving, at RTT 0/50/100; tokens/s, TPOT, the measured ceiling; plot", SERVE + ("llama_cpp",), "bench", True),
+    "bench-regimes": Tool("bench.bench_regimes", "window control through a trace whose RTT, load and prompts change (RTT 20/150, 1/16 users, code/chat): adaptive policies vs fixed windows; plot", SERVE + ("llama_cpp",), "bench", True),
     "soak": Tool("bench.soak", "run many client loops through verifier, drafter and coordinator for minutes: failed requests by status, overload, RSS over time", SERVE, "bench", True),
     "bench-policy": Tool("bench.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them", SERVE, "bench", True),
     "bench-drafters": Tool("bench.bench_drafters", "drafters alone and the router on 90 prompts: acceptance, tokens per round, modelled tokens/s", SERVE, "bench", True),

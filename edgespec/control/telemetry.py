@@ -91,7 +91,7 @@ class Telemetry:
     judged_ema: float | None = None                            # EMA of positions judged, min(n + 1, k)
     draft_per_token: float | None = None                       # seconds
     verify_wall: float | None = None                           # seconds, verify round trip EMA (any window)
-    verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> verifier forward seconds EMA
+    verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> its forward seconds EMA, alone in it
     queue_last: int = 0                                        # windows
     queue_ema: float = 0.0                                     # windows
     tpot: float | None = None                                  # seconds per committed token
@@ -114,7 +114,9 @@ class Telemetry:
         link.add(sample.rtt)
         self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         if sample.verify_compute_seconds > 0:
-            self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k), sample.verify_compute_seconds, s)
+            if sample.batch_windows <= 1:   # a window's own cost: not a forward it shared with other sessions
+                self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k),
+                                                     sample.verify_compute_seconds, s)
             if sample.batch_tokens > 0:
                 self.forward_curve[sample.batch_tokens] = _ema(self.forward_curve.get(sample.batch_tokens),
                                                                sample.verify_compute_seconds, s)

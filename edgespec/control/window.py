@@ -61,8 +61,9 @@ class GoodputWindow:
 
     Until drafting has been measured (here, or by earlier sessions whose costs the telemetry inherited)
     it drafts one token; then, if the verifier's cost of a target-only round is unmeasured, it runs one.
-    While target-only rounds win it probes: after ``probe_every`` of them it drafts
-    one token to re-measure acceptance — or after ``rare_probe_every`` where the measured costs say that
+    While target-only rounds win it probes: after ``first_probe`` of them it drafts one token to re-measure
+    acceptance (one rejected window must not shut drafting off for long), then after twice as many, up to
+    ``probe_every`` — or after ``rare_probe_every`` where the measured costs say that
     drafting would not gain 10% even if every token were accepted (Telemetry.drafting_cannot_pay; draft and
     target on the same cores): there a probe costs more (a round's drafting, the drafter's open or its
     catch-up on the tokens it missed) than it could find. Not while the verifier's forwards are shared:
@@ -72,27 +73,34 @@ class GoodputWindow:
     """
     telemetry: Telemetry           # the session's; the round loop records every round into it
     max_k: int = 4                 # largest window considered, tokens
-    probe_every: int = 16          # target-only rounds before a probe (one drafted token)
+    probe_every: int = 16          # target-only rounds between probes (one drafted token), at most
+    first_probe: int = 2           # ... and after falling back to k = 0: the gap doubles per fruitless probe
     rare_probe_every: int = 256    # the same where drafting cannot pay at any acceptance (by 10%)
     hold_margin: float = 0.05      # under shared forwards, keep the last window unless another gains this much
     _idle_rounds: int = 0          # consecutive k = 0 rounds
     _held: int | None = None       # the window goodput chose last
+    _probe_gap: int = 0            # idle rounds before the next probe (0: first_probe)
 
     def choose(self) -> int:
-        if self.max_k > 0 and self._idle_rounds >= self.probe_every and (
+        gap = self._probe_gap or self.first_probe
+        if self.max_k > 0 and self._idle_rounds >= gap and (
                 self._idle_rounds >= self.rare_probe_every or self.telemetry.shared_forwards()
                 or not self.telemetry.drafting_cannot_pay(self.max_k)):
+            self._probe_gap = min(2 * gap, max(self.probe_every, self.first_probe))
             return 1   # acceptance may have recovered; k = 0 alone would never find out
         if self.telemetry.draft_per_token is None:   # drafting never measured: draft one token
             return min(1, self.max_k)
-        if self.telemetry.verify_compute and 0 not in self.telemetry.verify_compute:
+        measured = self.telemetry.verify_compute
+        if measured and 0 not in measured and not self.telemetry.shared_forwards():
             return 0   # target-only rounds never measured: one round does (no smaller window to cost it by)
         best = self.telemetry.goodput_window(self.max_k, optimistic=True)
-        held = self._held
+        held, rate = self._held, self.telemetry.goodput_rate
         if (held is not None and held != best and held <= self.max_k and self.telemetry.shared_forwards()
-                and self.telemetry.goodput_rate(best, True) < (1 + self.hold_margin) * self.telemetry.goodput_rate(held, True)):
+                and rate(best, True) < (1 + self.hold_margin) * rate(held, True)):
             best = held   # sessions sharing forwards keep in step: a switch for a small gain splits the batch
         self._held = best
+        if best > 0:
+            self._probe_gap = 0   # drafting by choice: a later fall-back probes soon again
         return best
 
     def observe(self, sample: RoundSample) -> None:

@@ -1,0 +1,271 @@
+"""`edgespec bench-regimes`: window control through a trace whose regime changes, against fixed windows.
+
+    edgespec bench-regimes --json bench-results/regimes.json --plot bench-results/regimes.png
+
+The set-up of `edgespec bench-capacity` (one verifier on its own core; emulated edge devices that propose
+the draft model's recorded greedy choices after its measured draft time; an emulated link, real sockets), run
+through one trace of phases, each with its own link RTT, number of concurrent users and kind of prompt:
+
+    code, 1 user, RTT 20 -> code, 1 user, RTT 150 -> code, 16 users, RTT 150 -> chat, 16 users, RTT 20
+    -> chat, 1 user, RTT 20
+
+Each mode runs the whole trace in turn, one link and one set of costs throughout, so the adaptive policies
+carry what they measured from one phase into the next, as a coordinator would: fixed windows (k=1, 2, 4),
+autoregressive serving (ar), the default policy (auto, the load-aware goodput policy) and AWC (the learned
+controller). Reported per phase and over the whole trace: committed tokens/s, per-user TPOT p50, acceptance;
+each phase's best fixed window (ar is window 0); the adaptive policies' ratios to it and, over the trace, to
+the best single fixed window. Every output is checked against the target's greedy output (exit 1 on a difference).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.bench_capacity import (MAX_K, draft_seconds_per_token, ensure_drafts, parse_mode, report_mismatches,
+                                  run_sessions)
+from bench.bench_load import ensure_references, reference_key, running_verifier, unknown_flags, verifier_help
+from bench.prompt_set import PROMPT_SET
+from bench.wan import DelayProxy, LinkProfile
+from edgespec.control.telemetry import Telemetry
+from edgespec.net.transport import open_channel
+from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    rtt_ms: float
+    sessions: int
+    category: str     # "code", "qa" or "chat": the prompts its users send
+
+    @property
+    def name(self) -> str:
+        return f"{self.category}, {self.sessions} user{'s' if self.sessions > 1 else ''}, RTT {self.rtt_ms:g}"
+
+
+DEFAULT_TRACE = "20:1:code,150:1:code,150:16:code,20:16:chat,20:1:chat"
+MODES = ("ar", "k=1", "k=2", "k=4", "auto", "awc")
+ADAPTIVE = ("auto", "auto-blind", "awc")
+
+
+def parse_trace(text: str) -> list[Phase]:
+    """RTT_MS:SESSIONS:CATEGORY,... -> phases; ValueError naming the bad part."""
+    phases = []
+    for part in text.split(","):
+        fields = part.split(":")
+        if len(fields) != 3:
+            raise ValueError(f"trace phase {part!r}: expected RTT_MS:SESSIONS:CATEGORY")
+        try:
+            rtt, sessions = float(fields[0]), int(fields[1])
+        except ValueError:
+            raise ValueError(f"trace phase {part!r}: RTT and SESSIONS must be numbers") from None
+        if rtt < 0 or sessions < 1 or fields[2] not in ("code", "qa", "chat"):
+            raise ValueError(f"trace phase {part!r}: need RTT >= 0, SESSIONS >= 1, CATEGORY code, qa or chat")
+        phases.append(Phase(rtt, sessions, fields[2]))
+    return phases
+
+
+def summarize_trace(rows: list[dict], phases: list[Phase], modes: list[str]) -> dict:
+    """Per mode: tokens/s over the whole trace; per phase: the best fixed window and each mode's ratio to it."""
+    good = {(r["mode"], r["phase"]): r for r in rows if not r["error"]}
+    fixed = [m for m in modes if m == "ar" or m.startswith("k=")]   # ar is the fixed window 0
+    totals = {}
+    for mode in modes:
+        mine = [good[mode, i] for i in range(len(phases)) if (mode, i) in good]
+        if len(mine) == len(phases):
+            totals[mode] = round(sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine), 3)
+    per_phase = []
+    for i, phase in enumerate(phases):
+        speeds = {m: good[m, i]["tokens_per_second"] for m in modes if (m, i) in good}
+        best_fixed = max((m for m in fixed if m in speeds), key=speeds.get, default=None)
+        per_phase.append({"phase": i, "name": phase.name, "best_fixed": best_fixed,
+                          "vs_best_fixed": {m: round(v / speeds[best_fixed], 3) for m, v in speeds.items()}
+                          if best_fixed else {}})
+    best_single = max((m for m in fixed if m in totals), key=totals.get, default=None)
+    return {"trace_tokens_per_second": totals, "best_single_fixed": best_single,
+            "vs_best_single_fixed": {m: round(v / totals[best_single], 3) for m, v in totals.items()}
+            if best_single else {}, "phases": per_phase}
+
+
+def markdown(rows: list[dict], phases: list[Phase], modes: list[str], summary: dict) -> str:
+    good = {(r["mode"], r["phase"]): r for r in rows if not r["error"]}
+    lines = ["| phase | " + " | ".join(modes) + " | best fixed |", "|---" * (len(modes) + 2) + "|"]
+    for i, phase in enumerate(phases):
+        cells = []
+        for mode in modes:
+            row = good.get((mode, i))
+            ratio = summary["phases"][i]["vs_best_fixed"].get(mode)
+            cells.append("failed" if row is None else f"{row['tokens_per_second']:.1f}"
+                         + (f" ({ratio:.2f}x)" if ratio is not None and mode in ADAPTIVE else ""))
+        lines.append(f"| {phase.name} | " + " | ".join(cells) + f" | {summary['phases'][i]['best_fixed']} |")
+    totals, ratios = summary["trace_tokens_per_second"], summary["vs_best_single_fixed"]
+    lines.append("| **whole trace** | " + " | ".join(
+        f"**{totals[m]:.1f}**" + (f" ({ratios[m]:.2f}x)" if m in ratios else "") if m in totals else "failed"
+        for m in modes) + f" | {summary['best_single_fixed']} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], phases: list[Phase], modes: list[str], path: Path) -> None:
+    """Grouped bars: tokens/s per phase, one bar per mode."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    good = {(r["mode"], r["phase"]): r["tokens_per_second"] for r in rows if not r["error"]}
+    figure, axis = plt.subplots(figsize=(2.2 * len(phases) + 2, 4.5))
+    width = 0.8 / len(modes)
+    for j, mode in enumerate(modes):
+        xs = [i + (j - (len(modes) - 1) / 2) * width for i in range(len(phases))]
+        axis.bar(xs, [good.get((mode, i), 0.0) for i in range(len(phases))], width, label=mode)
+    axis.set_xticks(range(len(phases)), [p.name.replace(", RTT", "\nRTT") for p in phases], fontsize=8)
+    axis.set_ylabel("committed tokens/s (all users)")
+    axis.set_title("One verifier through a regime-changing trace: fixed windows vs adaptive control")
+    axis.legend(ncol=len(modes), fontsize=8)
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+async def measure(service, metrics_url, config, phases, prompts, keys) -> tuple[list[dict], float]:
+    async with open_channel(service.address) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        info = await stub.Info(verifier_pb2.InfoRequest())
+        eos = frozenset(info.eos_token_ids)
+        refs = {c: await ensure_references(stub, config.references, keys[c], prompts[c], config.tokens, eos,
+                                           config.timeout) for c in prompts}
+    choices = {c: ensure_drafts(config.drafts, config.draft, 1, prompts[c], refs[c]) for c in prompts}
+    first = next(iter(prompts.values()))[0]
+    draft_seconds = (config.draft_ms / 1000 if config.draft_ms is not None else
+                     draft_seconds_per_token(config.draft, 1, first))
+    print(f"draft time per token (the edge device, one core): {1000 * draft_seconds:.1f} ms", flush=True)
+    rows = []
+    proxy = DelayProxy(service.address, LinkProfile(rtt_ms=phases[0].rtt_ms)).start()
+    try:
+        for mode in config.modes:
+            costs = Telemetry(max_k=MAX_K)   # one coordinator through the whole trace
+            for i, phase in enumerate(phases):
+                proxy.set_profile(LinkProfile(rtt_ms=phase.rtt_ms))
+                c = phase.category
+                try:
+                    row = await asyncio.wait_for(run_sessions(
+                        proxy.address, prompts[c], refs[c], choices[c], phase.sessions, mode, draft_seconds, costs,
+                        eos, f"trace-{mode}-{i}", service.process.pid, metrics_url), config.timeout)
+                except (asyncio.TimeoutError, RuntimeError) as error:
+                    row = {"mode": mode, "sessions": phase.sessions, "mismatches": 0,
+                           "error": f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError)
+                           else str(error)}
+                row |= {"phase": i, "phase_name": phase.name, "rtt_ms": phase.rtt_ms, "category": c,
+                        "backend": config.backend}
+                rows.append(row)
+                if not row["error"]:
+                    report_mismatches(row)
+                    print(f"{mode:>5} | {phase.name:<24} | {row['tokens_per_second']:6.2f} tok/s | TPOT p50 "
+                          f"{row['tpot_p50_ms']:.0f} ms | windows {row['windows']}", flush=True)
+                else:
+                    print(f"{mode:>5} | {phase.name:<24} | failed: {row['error']}", flush=True)
+    finally:
+        proxy.stop()
+    return rows, draft_seconds
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="edgespec bench-regimes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", default=DEFAULT_TRACE, help="phases RTT_MS:SESSIONS:CATEGORY, comma-separated "
+                        "(default %(default)s)")
+    parser.add_argument("--modes", default=",".join(MODES), help="of ar, k=1..k=8, auto, auto-blind, awc "
+                        "(default %(default)s)")
+    parser.add_argument("--model", default="target", help="the verifier's --model (default %(default)s)")
+    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"],
+                        help="the verifier's --backend (default %(default)s)")
+    parser.add_argument("--draft", default="draft", help="the draft GGUF run on one core (default %(default)s)")
+    parser.add_argument("--draft-ms", type=float, default=None, help="draft time per token, ms (default: measured)")
+    parser.add_argument("--tokenizer", default="", help="tokenizer for the prompts (default: --draft)")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per user per phase (default %(default)s)")
+    parser.add_argument("--verifier-cpus", default="auto", help="taskset CPU list for the verifier; auto = the last "
+                        "core, none = unpinned (default %(default)s)")
+    parser.add_argument("--verifier-args", default="", help="more verifier flags")
+    parser.add_argument("--references", type=Path, default=Path.home() / ".cache/edgespec/bench-load-references.json")
+    parser.add_argument("--drafts", type=Path, default=Path.home() / ".cache/edgespec/bench-capacity-drafts.json")
+    parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
+    parser.add_argument("--md", type=Path, default=None, help="write the markdown table here")
+    parser.add_argument("--plot", type=Path, default=None, help="draw tokens/s per phase and mode here (PNG)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one phase may take (default %(default)s)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="verifier logs (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    try:
+        args.phases = parse_trace(args.trace)
+    except ValueError as error:
+        parser.error(f"--trace: {error}")
+    args.modes = args.modes.split(",")
+    for mode in args.modes:
+        try:
+            parse_mode(mode)
+        except ValueError as error:
+            parser.error(f"--modes: {error}")
+    if args.tokens < 2:
+        parser.error("--tokens must be >= 2")
+    if args.draft_ms is not None and args.draft_ms < 0:
+        parser.error("--draft-ms must be >= 0")
+    if args.verifier_cpus == "auto":
+        args.verifier_cpus = str(os.cpu_count() - 1) if (os.cpu_count() or 1) > 1 else "none"
+    args.tokenizer = args.tokenizer or args.draft
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    from edgespec.backends.tokenizer import load_tokenizer
+
+    verifier_args = ["--model", config.model, "--backend", config.backend, "--threads", "1",
+                     *shlex.split(config.verifier_args)]
+    if unknown_flags(verifier_args, verifier_help()):
+        unknown = ", ".join(unknown_flags(verifier_args, verifier_help()))
+        print(f"edgespec bench-regimes: the verifier does not take {unknown}", file=sys.stderr)
+        return 2
+    tokenizer = load_tokenizer(config.tokenizer)
+    need = {c: max(p.sessions for p in config.phases if p.category == c) for c in {p.category for p in config.phases}}
+    prompts = {c: [tokenizer.encode(text, True) for cat, text in PROMPT_SET if cat == c][:n] for c, n in need.items()}
+    keys = {c: [reference_key(config.model, shlex.join(verifier_args), config.tokens, p) for p in prompts[c]]
+            for c in prompts}
+    log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-regimes-"))
+    pin = None if config.verifier_cpus == "none" else config.verifier_cpus
+    if pin and hasattr(os, "sched_setaffinity"):
+        others = set(range(os.cpu_count() or 1)) - {int(c) for c in pin.split(",") if c.isdigit()}
+        if others:
+            os.sched_setaffinity(0, others)
+    print(f"verifier logs: {log_dir}", flush=True)
+    with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
+        rows, draft_seconds = asyncio.run(measure(service, metrics_url, config, config.phases, prompts, keys))
+    summary = summarize_trace(rows, config.phases, config.modes)
+    table = markdown(rows, config.phases, config.modes, summary)
+    mismatches = sum(row["mismatches"] for row in rows)
+    print("\n" + table)
+    print(f"\nmismatches against the target's greedy output: {mismatches}" +
+          ("  <-- CORRECTNESS FAILURE" if mismatches else ""))
+    if config.plot:
+        plot(rows, config.phases, config.modes, config.plot)
+    if config.md:
+        config.md.parent.mkdir(parents=True, exist_ok=True)
+        config.md.write_text(table + "\n")
+    if config.json:
+        config.json.parent.mkdir(parents=True, exist_ok=True)
+        config.json.write_text(json.dumps({
+            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+            "trace": config.trace, "modes": config.modes, "backend": config.backend, "draft": config.draft,
+            "tokens": config.tokens, "draft_ms_per_token": round(1000 * draft_seconds, 2),
+            "verifier_args": shlex.join(verifier_args), "verifier_cpus": pin, "rows": rows, "summary": summary,
+            "mismatches": mismatches}, indent=1))
+    return 1 if mismatches or any(row["error"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
