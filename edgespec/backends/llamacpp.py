@@ -9,12 +9,15 @@ The state of a session (``SeqState``) remembers exactly which tokens its sequenc
 backend's ``KVState``; ``logits`` keeps the longest common prefix with the requested sequence and feeds
 the rest. A sequence id is taken on the first feed and given back when the state is dropped (garbage
 collected: the engines replace or forget states); ids are recycled on the model worker thread, the only
-thread that calls llama.cpp.
+thread that calls llama.cpp. A state that starts empty shares the cells of the longest prefix (16 tokens
+or more) another live state holds — a system prompt, a chat template, a prompt many sessions send — instead
+of computing them again, as llama.cpp's server reuses its prompt cache.
 
 Logits come back as float32 numpy rows over the full vocabulary, so the pure verification and sampling
 code is the same as for every other backend. Numerics: llama.cpp's kernels may group a sum differently
 for a batch of k + 1 tokens than for one token at a time, so greedy output can in principle differ from
-llama.cpp's own one-token decoding at a near-tie; bench/bench_llamacpp.py measures it.
+llama.cpp's own one-token decoding at a near-tie; bench/bench_llamacpp.py measures it. Cells shared from
+another session were computed in that session's batch, so sharing is one more such batch shape.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from edgespec.verify.greedy import common_prefix_length
 log = logging.getLogger(__name__)
 
 MAX_SEQUENCES = 256   # llama.cpp's limit on sequences per context (LLAMA_MAX_SEQ)
+MIN_SHARED_PREFIX = 16  # tokens: a state starting empty shares at least this much of another's cache, or none
 
 
 def _llama():
@@ -68,7 +72,7 @@ class LlamaCppLM(IncrementalLM):
     """A GGUF model in one llama.cpp context; every call on one thread (the model worker)."""
 
     def __init__(self, path: str | Path, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
-                 batch_tokens: int = 2048):
+                 batch_tokens: int = 2048, share_prefixes: bool = True):
         llama = self._lib = _llama()
         path = Path(path)
         if not path.is_file():
@@ -109,6 +113,9 @@ class LlamaCppLM(IncrementalLM):
         self.device = "cpu"
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self._free_ids = list(range(max_sequences - 1, -1, -1))
+        self._live: weakref.WeakSet[SeqState] = weakref.WeakSet()   # states holding a sequence id
+        self.share_prefixes = share_prefixes
+        self.shared_tokens = 0                   # prompt tokens taken from another sequence's cells, not computed
         self._released: list[int] = []          # ids of dropped states, cleared on the worker thread
         self._released_lock = threading.Lock()   # finalizers may run on any thread
         self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
@@ -152,6 +159,24 @@ class LlamaCppLM(IncrementalLM):
             raise ContextFull(f"all {self.max_sequences} llama.cpp sequences are in use")
         state.seq_id = self._free_ids.pop()
         weakref.finalize(state, self._release, state.seq_id)
+        self._live.add(state)
+
+    def _share_prefix(self, state: SeqState, seq: list[int], limit: int) -> None:
+        """Start an empty state from the longest prefix of ``seq`` another live state holds (a system prompt
+        or a prompt many sessions share, a re-opened session): its cells are shared, not recomputed
+        (llama_memory_seq_cp in the unified cache adds this sequence to them; a later crop of either
+        sequence removes only its own). At least MIN_SHARED_PREFIX tokens, at most ``limit`` (the positions
+        whose logits are asked for, and at least the last one, are computed)."""
+        best, length = None, MIN_SHARED_PREFIX - 1
+        for other in list(self._live):
+            if other is not state and other.tokens:
+                shared = min(common_prefix_length(other.tokens, seq), limit)
+                if shared > length:
+                    best, length = other, shared
+        if best is not None:
+            self._lib.llama_memory_seq_cp(self._memory, best.seq_id, state.seq_id, 0, length)
+            state.tokens = seq[:length]
+            self.shared_tokens += length
 
     def _release(self, seq_id: int) -> None:
         with self._released_lock:
@@ -196,6 +221,8 @@ class LlamaCppLM(IncrementalLM):
             if not seq:
                 raise ValueError("cannot score an empty sequence")
             self._attach(state)
+            if self.share_prefixes and lasts is not None and not state.tokens:
+                self._share_prefix(state, seq, len(seq) - max(1, lasts[i]))   # the rows asked for are computed
             keep = min(common_prefix_length(state.tokens, seq), len(seq) - 1)
             self.crop(state, keep)
             new = seq[keep:]
@@ -260,6 +287,8 @@ def gguf_path(spec: str) -> Path:
     return path
 
 
-def load(spec: str, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64) -> LlamaCppLM:
+def load(spec: str, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
+         share_prefixes: bool = True) -> LlamaCppLM:
     """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own."""
-    return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences)
+    return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences,
+                      share_prefixes=share_prefixes)

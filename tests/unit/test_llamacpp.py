@@ -150,3 +150,31 @@ def test_missing_or_wrong_gguf_is_a_clear_error(tmp_path):
     not_gguf.write_bytes(b"not a model")
     with pytest.raises(ValueError, match="could not load"):
         llamacpp.load(str(not_gguf))
+
+
+def test_a_prompt_another_session_holds_is_shared_not_recomputed(lm):
+    """A session starting with a prefix (16+ tokens) that a live session holds takes its cells; its logits
+    are those of computing the prompt itself; rolling either session back leaves the other intact."""
+    prompt = PROMPTS[0] + PROMPTS[1]                        # 54 tokens
+    solo = llamacpp.load("smollm2", threads=2, ctx_tokens=1024, max_sequences=2, share_prefixes=False)
+    try:
+        alone = solo.logits_rows(solo.new_state(), prompt + [5, 6], 3)
+        alone_other = solo.logits_rows(solo.new_state(), prompt[:40] + [9, 10, 11], 2)
+    finally:
+        solo.close()
+    first, second, third = lm.new_state(), lm.new_state(), lm.new_state()
+    lm.logits_rows(first, prompt, 1)
+    before = lm.shared_tokens
+    rows = lm.logits_rows(second, prompt + [5, 6], 3)
+    assert lm.shared_tokens - before == len(prompt) - 1   # all but the prompt's last token: never recomputed
+    assert np.array_equal(rows.argmax(-1), alone.argmax(-1)) and np.abs(rows - alone).max() < 1e-2
+    lm.crop(first, 5)                                      # the first session rolls back far ...
+    lm.logits_rows(first, [1, 2, 3, 4, 5, 6, 7], 1)
+    again = lm.logits_rows(second, prompt + [5, 6], 1)     # ... the second still holds all of its cells
+    assert lm.cached_length(second) == len(prompt) + 2 and np.abs(again - rows[-1:]).max() < 1e-2
+    other = lm.logits_rows(third, prompt[:40] + [9, 10, 11], 2)   # a prefix of 40 from the second
+    assert np.array_equal(other.argmax(-1), alone_other.argmax(-1)) and np.abs(other - alone_other).max() < 1e-2
+    short = lm.new_state()
+    before = lm.shared_tokens
+    lm.logits_rows(short, prompt[:12] + [9], 1)            # under 16 tokens in common: computed, not shared
+    assert lm.shared_tokens == before
