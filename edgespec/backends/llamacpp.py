@@ -9,9 +9,9 @@ The state of a session (``SeqState``) remembers exactly which tokens its sequenc
 backend's ``KVState``; ``logits`` keeps the longest common prefix with the requested sequence and feeds
 the rest. A sequence id is taken on the first feed and given back when the state is dropped (garbage
 collected: the engines replace or forget states); ids are recycled on the model worker thread, the only
-thread that calls llama.cpp. A state that starts empty shares the cells of the longest prefix (16 tokens
-or more) another live state holds — a system prompt, a chat template, a prompt many sessions send — instead
-of computing them again, as llama.cpp's server reuses its prompt cache.
+thread that calls llama.cpp. With ``share_prefixes`` a state that starts empty shares the cells of the
+longest prefix (16 tokens or more) another live state holds — a system prompt, a chat template, a prompt
+many sessions send — instead of computing them again, as llama.cpp's server reuses its prompt cache.
 
 Logits come back as float32 numpy rows over the full vocabulary, so the pure verification and sampling
 code is the same as for every other backend. Numerics: llama.cpp's kernels may group a sum differently
@@ -72,7 +72,7 @@ class LlamaCppLM(IncrementalLM):
     """A GGUF model in one llama.cpp context; every call on one thread (the model worker)."""
 
     def __init__(self, path: str | Path, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
-                 batch_tokens: int = 2048, share_prefixes: bool = True):
+                 batch_tokens: int = 2048, share_prefixes: bool = False):
         llama = self._lib = _llama()
         path = Path(path)
         if not path.is_file():
@@ -288,7 +288,7 @@ def gguf_path(spec: str) -> Path:
 
 
 def load(spec: str, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
-         share_prefixes: bool = True) -> LlamaCppLM:
+         share_prefixes: bool = False) -> LlamaCppLM:
     """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own."""
     return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences,
                       share_prefixes=share_prefixes)

@@ -43,6 +43,7 @@ class ModelServiceConfig:
 class LlamaCppConfig:
     ctx_tokens: int      # KV cells of the one llama.cpp context all sessions share, tokens
     max_sequences: int   # sessions that can hold a KV cache at once (one llama.cpp sequence each)
+    share_prefixes: bool = False  # a new session takes the cells of a prefix another session holds
 
 
 class ServiceArgumentParser(argparse.ArgumentParser):
@@ -128,6 +129,12 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
                        help="KV cells of the context, shared by all sessions, tokens (default %(default)s)")
     group.add_argument("--max-sequences", type=int, default=64,
                        help="sessions holding a KV cache at once, 1..256 (default %(default)s)")
+    group.add_argument("--share-prefixes", action="store_true",
+                       help="a session that opens with a prefix of 16+ tokens another session holds (a system "
+                            "prompt, a chat template, a retried request) takes that session's KV cells instead of "
+                            "computing them: prefill up to 5x faster for a shared prompt. The cells were computed in "
+                            "the other session's batch, so greedy output may differ from one-session decoding at "
+                            "a near-tie (measured in docs/benchmarks.md); off by default")
     add_security_flags(parser)
     add_observability_flags(parser)
     return parser
@@ -217,4 +224,5 @@ def model_service_config(parser: argparse.ArgumentParser, args: argparse.Namespa
                      f"{args.max_sequences}")
     return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,
                               args.max_window, args.max_session_tokens, args.grace, security_config(parser, args),
-                              observability_config(parser, args), LlamaCppConfig(args.ctx_tokens, args.max_sequences))
+                              observability_config(parser, args), LlamaCppConfig(
+                                  args.ctx_tokens, args.max_sequences, args.share_prefixes))

@@ -100,7 +100,7 @@ def load_model(config: DrafterConfig):
         from edgespec.backends import llamacpp
         service = config.service
         return llamacpp.load(service.model, service.threads, service.llamacpp.ctx_tokens,
-                             service.llamacpp.max_sequences)
+                             service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes)
     import torch
 
     from edgespec.backends.registry import load_lm

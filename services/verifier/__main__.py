@@ -95,7 +95,7 @@ def load_target(config: VerifierConfig):
         from edgespec.backends import llamacpp
 
         lm = llamacpp.load(service.model, service.threads, service.llamacpp.ctx_tokens,
-                           service.llamacpp.max_sequences)
+                           service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes)
         return lm, lm.eos_ids()
     import torch
 

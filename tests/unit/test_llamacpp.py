@@ -152,16 +152,24 @@ def test_missing_or_wrong_gguf_is_a_clear_error(tmp_path):
         llamacpp.load(str(not_gguf))
 
 
-def test_a_prompt_another_session_holds_is_shared_not_recomputed(lm):
-    """A session starting with a prefix (16+ tokens) that a live session holds takes its cells; its logits
-    are those of computing the prompt itself; rolling either session back leaves the other intact."""
+@pytest.fixture
+def sharing():
+    model = llamacpp.load("smollm2", threads=2, ctx_tokens=2048, max_sequences=8, share_prefixes=True)
+    yield model
+    model.close()
+
+
+def test_a_prompt_another_session_holds_is_shared_not_recomputed(lm, sharing):
+    """With share_prefixes, a session starting with a prefix (16+ tokens) that a live session holds takes its
+    cells; its logits are those of computing the prompt itself; rolling either session back leaves the other
+    intact. Without (the default), every session computes its own."""
     prompt = PROMPTS[0] + PROMPTS[1]                        # 54 tokens
-    solo = llamacpp.load("smollm2", threads=2, ctx_tokens=1024, max_sequences=2, share_prefixes=False)
-    try:
-        alone = solo.logits_rows(solo.new_state(), prompt + [5, 6], 3)
-        alone_other = solo.logits_rows(solo.new_state(), prompt[:40] + [9, 10, 11], 2)
-    finally:
-        solo.close()
+    alone = lm.logits_rows(lm.new_state(), prompt + [5, 6], 3)
+    held = lm.new_state()
+    lm.logits_rows(held, prompt, 1)
+    alone_other = lm.logits_rows(lm.new_state(), prompt[:40] + [9, 10, 11], 2)
+    assert lm.shared_tokens == 0
+    lm = sharing
     first, second, third = lm.new_state(), lm.new_state(), lm.new_state()
     lm.logits_rows(first, prompt, 1)
     before = lm.shared_tokens
