@@ -302,6 +302,7 @@ def plot(rows: list[dict], path: Path) -> None:
     good = [r for r in rows if not r["error"]]
     rtts = sorted({r["rtt_ms"] for r in good})
     modes = list(dict.fromkeys(r["mode"] for r in good))
+    ns_all = sorted({r["sessions"] for r in good})
     figure, axes = plt.subplots(2, len(rtts), figsize=(5 * len(rtts), 7), squeeze=False)
     for column, rtt in enumerate(rtts):
         for mode in modes:
@@ -318,6 +319,7 @@ def plot(rows: list[dict], path: Path) -> None:
         axes[1][column].set_ylabel("TPOT p50 per user, ms")
         for axis in (axes[0][column], axes[1][column]):
             axis.set_xscale("log", base=2)
+            axis.set_xticks(ns_all, [str(n) for n in ns_all])
             axis.set_xlabel("concurrent sessions N")
             axis.grid(alpha=0.3)
         axes[0][column].legend()
