@@ -384,9 +384,10 @@ def parse_list(parser: argparse.ArgumentParser, flag: str, text: str, kind=int) 
     return values
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="edgespec bench-capacity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_device_flags(parser: argparse.ArgumentParser, modes: str) -> None:
+    """The flags of a bench that serves emulated edge devices from one verifier (this one and bench-regimes)."""
+    parser.add_argument("--modes", default=modes, help=f"of ar, k=1..k={MAX_K}, auto, auto-blind, awc "
+                        "(default %(default)s)")
     parser.add_argument("--model", default="target", help="the verifier's --model (default %(default)s)")
     parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"],
                         help="the verifier's --backend (default %(default)s)")
@@ -395,10 +396,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--draft-ms", type=float, default=None, help="the edge device's draft time per token, ms "
                         "(default: measured here, one core)")
     parser.add_argument("--tokenizer", default="", help="tokenizer for the prompts (default: --draft)")
-    parser.add_argument("--sessions", default="1,2,4,8,16,32", help="concurrent sessions N (default %(default)s)")
-    parser.add_argument("--rtt", default="0,50,100", help="edge-cloud round trips, ms (default %(default)s)")
-    parser.add_argument("--modes", default="ar,k=1,k=2,k=4,auto,auto-blind",
-                        help=f"of ar, k=1..k={MAX_K}, auto, auto-blind, awc (default %(default)s)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens each session generates, fewer at EOS "
                         "(default %(default)s)")
     parser.add_argument("--verifier-cpus", default="auto", help="taskset CPU list for the verifier; auto = the "
@@ -408,16 +405,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="cache of the target's greedy continuations (default %(default)s)")
     parser.add_argument("--drafts", type=Path, default=Path.home() / ".cache/edgespec/bench-capacity-drafts.json",
                         help="cache of the draft model's choices along them (default %(default)s)")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
-    parser.add_argument("--plot", type=Path, default=None, help="draw tokens/s and TPOT against N here (PNG)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds one (RTT, N, mode) run may take "
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one run of N sessions may take "
                         "(default %(default)s)")
     parser.add_argument("--log-dir", type=Path, default=None, help="verifier logs (default: a temporary directory)")
-    args = parser.parse_args(argv)
-    args.sessions = parse_list(parser, "--sessions", args.sessions)
-    args.rtt = parse_list(parser, "--rtt", args.rtt, float)
-    if min(args.sessions) < 1:
-        parser.error("--sessions: every N must be >= 1")
+
+
+def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad values of add_device_flags' flags (exit 2 before anything starts); fill in the defaults."""
     args.modes = args.modes.split(",")
     for mode in args.modes:
         try:
@@ -431,6 +425,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.verifier_cpus == "auto":
         args.verifier_cpus = str(os.cpu_count() - 1) if (os.cpu_count() or 1) > 1 else "none"
     args.tokenizer = args.tokenizer or args.draft
+
+
+def verifier_command(config: argparse.Namespace, prog: str) -> list[str] | None:
+    """The verifier's flags (one thread: it is pinned to its cores), or None after saying which it lacks."""
+    args = ["--model", config.model, "--backend", config.backend, "--threads", "1", *shlex.split(config.verifier_args)]
+    unknown = unknown_flags(args, verifier_help())
+    if unknown:
+        print(f"{prog}: the verifier does not take {', '.join(unknown)}", file=sys.stderr)
+        return None
+    return args
+
+
+def pin_devices(config: argparse.Namespace) -> str | None:
+    """The verifier's taskset CPU list (None: unpinned); this process, the devices, moves off those cores."""
+    pin = None if config.verifier_cpus == "none" else config.verifier_cpus
+    if pin and hasattr(os, "sched_setaffinity"):
+        others = set(range(os.cpu_count() or 1)) - {int(c) for c in pin.split(",") if c.isdigit()}
+        if others:
+            os.sched_setaffinity(0, others)
+    return pin
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="edgespec bench-capacity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", default="1,2,4,8,16,32", help="concurrent sessions N (default %(default)s)")
+    parser.add_argument("--rtt", default="0,50,100", help="edge-cloud round trips, ms (default %(default)s)")
+    add_device_flags(parser, "ar,k=1,k=2,k=4,auto,auto-blind")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--plot", type=Path, default=None, help="draw tokens/s and TPOT against N here (PNG)")
+    args = parser.parse_args(argv)
+    args.sessions = parse_list(parser, "--sessions", args.sessions)
+    args.rtt = parse_list(parser, "--rtt", args.rtt, float)
+    if min(args.sessions) < 1:
+        parser.error("--sessions: every N must be >= 1")
+    check_device_flags(parser, args)
     return args
 
 
@@ -438,22 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     from edgespec.backends.tokenizer import load_tokenizer
 
-    verifier_args = ["--model", config.model, "--backend", config.backend, "--threads", "1",
-                     *shlex.split(config.verifier_args)]
-    if unknown_flags(verifier_args, verifier_help()):
-        unknown = ", ".join(unknown_flags(verifier_args, verifier_help()))
-        print(f"edgespec bench-capacity: the verifier does not take {unknown}", file=sys.stderr)
+    verifier_args = verifier_command(config, "edgespec bench-capacity")
+    if verifier_args is None:
         return 2
     tokenizer = load_tokenizer(config.tokenizer)
     prompts = [tokenizer.encode(text, True) for text in ordered_prompts()[:max(config.sessions)]]
     keys = [reference_key(config.model, shlex.join(verifier_args), config.tokens, prompt) for prompt in prompts]
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-capacity-"))
     print(f"verifier logs: {log_dir}", flush=True)
-    pin = None if config.verifier_cpus == "none" else config.verifier_cpus
-    if pin and hasattr(os, "sched_setaffinity"):   # this process (the devices) stays off the verifier's cores
-        others = set(range(os.cpu_count() or 1)) - {int(c) for c in pin.split(",") if c.isdigit()}
-        if others:
-            os.sched_setaffinity(0, others)
+    pin = pin_devices(config)
     with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
         print(f"verifier {service.address} (cpus {pin or 'all'}), batch sizes from {BATCH_METRIC} at {metrics_url}",
               flush=True)

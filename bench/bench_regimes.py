@@ -24,14 +24,13 @@ import json
 import os
 import platform
 import shlex
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.bench_capacity import (MAX_K, draft_seconds_per_token, ensure_drafts, parse_mode, report_mismatches,
-                                  run_sessions)
-from bench.bench_load import ensure_references, reference_key, running_verifier, unknown_flags, verifier_help
+from bench.bench_capacity import (MAX_K, add_device_flags, check_device_flags, draft_seconds_per_token, ensure_drafts,
+                                  pin_devices, report_mismatches, run_sessions, verifier_command)
+from bench.bench_load import ensure_references, reference_key, running_verifier
 from bench.prompt_set import PROMPT_SET
 from bench.wan import DelayProxy, LinkProfile
 from edgespec.control.telemetry import Telemetry
@@ -181,43 +180,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="phases RTT_MS:SESSIONS:CATEGORY, comma-separated "
                         "(default %(default)s)")
-    parser.add_argument("--modes", default=",".join(MODES), help="of ar, k=1..k=8, auto, auto-blind, awc "
-                        "(default %(default)s)")
-    parser.add_argument("--model", default="target", help="the verifier's --model (default %(default)s)")
-    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"],
-                        help="the verifier's --backend (default %(default)s)")
-    parser.add_argument("--draft", default="draft", help="the draft GGUF run on one core (default %(default)s)")
-    parser.add_argument("--draft-ms", type=float, default=None, help="draft time per token, ms (default: measured)")
-    parser.add_argument("--tokenizer", default="", help="tokenizer for the prompts (default: --draft)")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens per user per phase (default %(default)s)")
-    parser.add_argument("--verifier-cpus", default="auto", help="taskset CPU list for the verifier; auto = the last "
-                        "core, none = unpinned (default %(default)s)")
-    parser.add_argument("--verifier-args", default="", help="more verifier flags")
-    parser.add_argument("--references", type=Path, default=Path.home() / ".cache/edgespec/bench-load-references.json")
-    parser.add_argument("--drafts", type=Path, default=Path.home() / ".cache/edgespec/bench-capacity-drafts.json")
+    add_device_flags(parser, ",".join(MODES))
     parser.add_argument("--json", type=Path, default=None, help="write rows and summary here")
     parser.add_argument("--md", type=Path, default=None, help="write the markdown table here")
     parser.add_argument("--plot", type=Path, default=None, help="draw tokens/s per phase and mode here (PNG)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds one phase may take (default %(default)s)")
-    parser.add_argument("--log-dir", type=Path, default=None, help="verifier logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     try:
         args.phases = parse_trace(args.trace)
     except ValueError as error:
         parser.error(f"--trace: {error}")
-    args.modes = args.modes.split(",")
-    for mode in args.modes:
-        try:
-            parse_mode(mode)
-        except ValueError as error:
-            parser.error(f"--modes: {error}")
-    if args.tokens < 2:
-        parser.error("--tokens must be >= 2")
-    if args.draft_ms is not None and args.draft_ms < 0:
-        parser.error("--draft-ms must be >= 0")
-    if args.verifier_cpus == "auto":
-        args.verifier_cpus = str(os.cpu_count() - 1) if (os.cpu_count() or 1) > 1 else "none"
-    args.tokenizer = args.tokenizer or args.draft
+    check_device_flags(parser, args)
     return args
 
 
@@ -225,11 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     from edgespec.backends.tokenizer import load_tokenizer
 
-    verifier_args = ["--model", config.model, "--backend", config.backend, "--threads", "1",
-                     *shlex.split(config.verifier_args)]
-    if unknown_flags(verifier_args, verifier_help()):
-        unknown = ", ".join(unknown_flags(verifier_args, verifier_help()))
-        print(f"edgespec bench-regimes: the verifier does not take {unknown}", file=sys.stderr)
+    verifier_args = verifier_command(config, "edgespec bench-regimes")
+    if verifier_args is None:
         return 2
     tokenizer = load_tokenizer(config.tokenizer)
     need = {c: max(p.sessions for p in config.phases if p.category == c) for c in {p.category for p in config.phases}}
@@ -237,11 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = {c: [reference_key(config.model, shlex.join(verifier_args), config.tokens, p) for p in prompts[c]]
             for c in prompts}
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-regimes-"))
-    pin = None if config.verifier_cpus == "none" else config.verifier_cpus
-    if pin and hasattr(os, "sched_setaffinity"):
-        others = set(range(os.cpu_count() or 1)) - {int(c) for c in pin.split(",") if c.isdigit()}
-        if others:
-            os.sched_setaffinity(0, others)
+    pin = pin_devices(config)
     print(f"verifier logs: {log_dir}", flush=True)
     with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
         rows, draft_seconds = asyncio.run(measure(service, metrics_url, config, config.phases, prompts, keys))
