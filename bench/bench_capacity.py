@@ -98,15 +98,10 @@ def policy_for(mode: str, costs: Telemetry):
     return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
 
 
-def draft_choices(draft: str, threads: int, prompt: list[int], reference: list[int]) -> list[int]:
-    """The draft model's greedy choice after prompt + reference[:p], for every p < len(reference): one pass."""
-    from edgespec.backends import llamacpp
-
-    lm = llamacpp.load(draft, threads, ctx_tokens=4096, max_sequences=1)
-    try:
-        return lm.next_tokens(lm.new_state(), [*prompt, *reference[:-1]], len(reference))
-    finally:
-        lm.close()
+def draft_choices(lm, prompt: list[int], reference: list[int]) -> list[int]:
+    """The draft model's greedy choice after prompt + reference[:p], for every p < len(reference): one pass
+    over a fresh state of ``lm`` (a llama.cpp model)."""
+    return lm.next_tokens(lm.new_state(), [*prompt, *reference[:-1]], len(reference))
 
 
 def draft_seconds_per_token(draft: str, threads: int, prompt: list[int], tokens: int = 16) -> float:
@@ -134,10 +129,16 @@ def ensure_drafts(cache_path: Path, draft: str, threads: int, prompts: list[list
     keys = [f"{draft}|" + hashlib.sha256(json.dumps([p, r]).encode()).hexdigest()[:16]
             for p, r in zip(prompts, references)]
     missing = [i for i, key in enumerate(keys) if key not in cache]
-    for count, i in enumerate(missing, 1):
-        cache[keys[i]] = draft_choices(draft, threads, prompts[i], references[i])
-        print(f"draft choices {count}/{len(missing)}", flush=True)
     if missing:
+        from edgespec.backends import llamacpp
+
+        lm = llamacpp.load(draft, threads, ctx_tokens=4096, max_sequences=1)   # once, for every missing prompt
+        try:
+            for count, i in enumerate(missing, 1):
+                cache[keys[i]] = draft_choices(lm, prompts[i], references[i])
+                print(f"draft choices {count}/{len(missing)}", flush=True)
+        finally:
+            lm.close()
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_text(json.dumps(cache))
     return [cache[key] for key in keys]

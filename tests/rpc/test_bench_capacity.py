@@ -59,7 +59,11 @@ def test_recorded_choices_are_the_draft_models_greedy_chain():
         reference[6] = (reference[6] + 1) % 1000         # one token the draft would not choose
     finally:
         lm.close()
-    choices = bench_capacity.draft_choices("smollm2", 1, prompt, reference)
+    lm = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=1)
+    try:
+        choices = bench_capacity.draft_choices(lm, prompt, reference)
+    finally:
+        lm.close()
     assert len(choices) == len(reference)
     for p in range(len(reference) - 3):
         lm = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=1)
