@@ -74,6 +74,7 @@ class SessionRun:
     windows: list[int] = field(default_factory=list)   # k per round
     accepted: int = 0
     compute_seconds: list[float] = field(default_factory=list)   # the verifier's forward time per round
+    forwards: set = field(default_factory=set)   # (windows, tokens, seconds) of each forward its windows rode in
 
 
 def parse_mode(mode: str) -> int | None:
@@ -168,6 +169,8 @@ async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[i
         run.windows.append(k)
         run.accepted += verdict.accepted
         run.compute_seconds.append(verdict.verify_compute_seconds)
+        if verdict.batch_windows:
+            run.forwards.add((verdict.batch_windows, verdict.batch_tokens, verdict.verify_compute_seconds))
         run.generated += [*tokens[:verdict.accepted], verdict.next_token]
         blind = mode == "auto-blind"   # the policy without the verdicts' batch reports: load-unaware
         sample = RoundSample(k, verdict.accepted, sent - drafted, done - sent, verdict.verify_compute_seconds,
@@ -231,6 +234,10 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
     for s in sessions:
         for k in s.windows:
             windows[str(k)] = windows.get(str(k), 0) + 1
+    forwards = {}   # "windows,tokens" -> [forwards, mean ms]: the verifier's cost curve, each forward once
+    for w, t, seconds in set().union(*(s.forwards for s in sessions)):
+        count, mean = forwards.get(f"{w},{t}", (0, 0.0))
+        forwards[f"{w},{t}"] = [count + 1, mean + (1000 * seconds - mean) / (count + 1)]
     return {"mode": mode, "sessions": n, "tokens": tokens, "seconds": round(wall, 3),
             "tokens_per_second": round(tokens / wall, 3),
             "tpot_p50_ms": round(1000 * percentile(tpot, 0.5), 1),
@@ -240,6 +247,7 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
             "forward_ms_mean": round(1000 * sum(compute) / len(compute), 2) if compute else None,
             "verifier_cpu_seconds_per_1k_tokens": round(1000 * cpu / tokens, 2) if tokens else None,
             "batch_windows_mean": batch["mean"] if batch else None, "windows": windows,
+            "forwards": {key: [c, round(ms, 2)] for key, (c, ms) in sorted(forwards.items())},
             "mismatches": len(mismatches), "mismatch_details": mismatches, "error": None}
 
 
@@ -330,8 +338,15 @@ def plot(rows: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def prompt_records(references: list[list[int]], choices: list[list[int]]) -> list[dict]:
+    """Per prompt, what a simulator needs to replay its sessions: tokens generated and, per position, whether
+    the draft's choice there is the target's ("1") or not ("0")."""
+    return [{"tokens": len(reference), "matches": "".join("1" if c == r else "0" for c, r in zip(choice, reference))}
+            for reference, choice in zip(references, choices)]
+
+
 async def measure(service, metrics_url: str | None, config: argparse.Namespace, prompts: list[list[int]],
-                  keys: list[str]) -> tuple[list[dict], float]:
+                  keys: list[str]) -> tuple[list[dict], float, list[dict]]:
     async with open_channel(service.address) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
         info = await stub.Info(verifier_pb2.InfoRequest())
@@ -372,7 +387,7 @@ async def measure(service, metrics_url: str | None, config: argparse.Namespace, 
         finally:
             if proxy:
                 proxy.stop()
-    return rows, draft_seconds
+    return rows, draft_seconds, prompt_records(references, choices)
 
 
 def parse_list(parser: argparse.ArgumentParser, flag: str, text: str, kind=int) -> list:
@@ -438,6 +453,15 @@ def verifier_command(config: argparse.Namespace, prog: str) -> list[str] | None:
     return args
 
 
+def verifier_batch(args: list[str]) -> dict:
+    """The verifier's batching settings for these flags (its own parser's defaults): for a simulator."""
+    from services.verifier.__main__ import parse_args as verifier_args
+
+    batch = verifier_args(args).batch
+    return {"max_batch": batch.max_batch, "batch_wait_ms": 1000 * batch.wait_seconds,
+            "wait_fraction": batch.wait_fraction}
+
+
 def pin_devices(config: argparse.Namespace) -> str | None:
     """The verifier's taskset CPU list (None: unpinned); this process, the devices, moves off those cores."""
     pin = None if config.verifier_cpus == "none" else config.verifier_cpus
@@ -481,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
         print(f"verifier {service.address} (cpus {pin or 'all'}), batch sizes from {BATCH_METRIC} at {metrics_url}",
               flush=True)
-        rows, draft_seconds = asyncio.run(measure(service, metrics_url, config, prompts, keys))
+        rows, draft_seconds, prompt_info = asyncio.run(measure(service, metrics_url, config, prompts, keys))
     add_limits_and_ratios(rows, draft_seconds)
     mismatches = sum(row["mismatches"] for row in rows)
     print("\n" + TABLE_HEADER + "\n" + "\n".join(table_line(row) for row in rows))
@@ -496,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
             "model": config.model, "backend": config.backend, "draft": config.draft, "tokens": config.tokens,
             "draft_ms_per_token": round(1000 * draft_seconds, 2), "verifier_args": shlex.join(verifier_args),
-            "verifier_cpus": pin, "rows": rows, "mismatches": mismatches}, indent=1))
+            "verifier_cpus": pin, "verifier_batch": verifier_batch(verifier_args), "prompts": prompt_info,
+            "rows": rows, "mismatches": mismatches}, indent=1))
     return 1 if mismatches or any(row["error"] for row in rows) else 0
 
 

@@ -54,6 +54,7 @@ TOOLS = {
     "bench-llamacpp": Tool("bench.bench_llamacpp", "edgespec on llama.cpp vs llama.cpp target-only and its own speculative decoding: shared cores, and edge/cloud on separate cores over an emulated link", SERVE + ("llama_cpp",), "bench", True),
     "bench-coupled": Tool("bench.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts", SERVE, "bench", True),
     "sim": Tool("edgespec.sim.run", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots", ("opentelemetry", "matplotlib"), "sim"),
+    "sim-capacity": Tool("bench.sim_capacity", "DSD-Sim calibrated from a bench-capacity run (its measured forward costs, draft time and draft choices) predicts every row of that run; errors, plot", ("opentelemetry", "matplotlib"), "sim", True),
     "train-awc": Tool("training.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights", ("opentelemetry",), "sim", True),
     "train-relaxed": Tool("training.train_relaxed", "retrain the relaxed (lossy) verifier's DIVERSED weight head and per-task weights on the default pair's outputs", SERVE, "serve", True),
     "dev-certs": Tool("edgespec.ops.devcerts", "write a development CA, server and client certificates, and bearer tokens", ("cryptography",), "serve"),

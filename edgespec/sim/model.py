@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
+from edgespec.engines.batching import Turnarounds
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
 from edgespec.loop.session import SessionLog
@@ -128,6 +129,8 @@ class Job:
     compute: float = 0.0        # forward seconds of the batch it rode in
     queue_depth: int = 0        # windows left waiting when its batch started
     batch_tokens: int = 0       # tokens of the whole batch
+    batch_windows: int = 0      # windows of the whole batch
+    session: str = ""           # whose window (gather="verifier" learns each session's turnaround)
 
 
 def _wake_up(future: asyncio.Future) -> None:
@@ -136,21 +139,35 @@ def _wake_up(future: asyncio.Future) -> None:
 
 
 class Verifier:
-    """Batches windows: a batch starts when `max_batch` windows wait or the oldest has waited
-    `batch_wait` seconds, whichever is first; it costs the profile's batch_seconds."""
+    """Batches windows. ``gather="oldest"``: a batch starts when `max_batch` windows wait or the oldest has
+    waited `batch_wait` seconds, whichever is first. ``gather="verifier"``: the real verifier's rule
+    (edgespec.engines.batching.VerifyScheduler): once it could start a forward it waits while fewer windows
+    wait than min(max_batch, sessions open on it), for at most `batch_wait` seconds and at most
+    `wait_fraction` of its forward time (EMA; 0 = no such cap), and for windows due within one forward by
+    their sessions' turnarounds (edgespec.engines.batching.Turnarounds, the same code). A batch costs the
+    profile's batch_seconds."""
 
-    def __init__(self, name: str, profile: CostProfile, max_batch: int = 1, batch_wait: float = 0.0):
+    def __init__(self, name: str, profile: CostProfile, max_batch: int = 1, batch_wait: float = 0.0,
+                 gather: str = "oldest", wait_fraction: float = 0.0):
+        if gather not in ("oldest", "verifier"):
+            raise ValueError(f"gather {gather!r}: expected 'oldest' or 'verifier'")
         self.name, self.profile = name, profile
         self.max_batch, self.batch_wait = max(1, max_batch), batch_wait
+        self.gather, self.wait_fraction = gather, wait_fraction
+        self.streams = 0                  # sessions open on this verifier (gather="verifier")
         self.queue: deque[Job] = deque()
         self.busy_seconds = 0.0
         self.batch_sizes = array("i")
         self.windows = 0
+        self._forward_ema: float | None = None
+        self.turnarounds = Turnarounds()
         self._wake: asyncio.Future | None = None
         self._waiting_for = 0             # queue length that wakes the loop
 
     def submit(self, job: Job) -> None:
         job.arrived = asyncio.get_running_loop().time()
+        if self.gather == "verifier":
+            self.turnarounds.window_arrived(job.session, job.arrived)
         self.queue.append(job)
         wake = self._wake
         if wake is not None and len(self.queue) >= self._waiting_for and not wake.done():
@@ -164,16 +181,31 @@ class Verifier:
             loop.call_later(timeout, _wake_up, wake)
         return wake
 
+    def _gather_deadline(self, now: float) -> tuple[int, float]:
+        """(windows to wait for, the time to stop waiting)."""
+        if self.gather == "oldest":
+            return self.max_batch, self.queue[0].arrived + self.batch_wait
+        budget, forward = self.batch_wait, self._forward_ema
+        deadline = now + budget
+        if forward is not None:
+            if self.wait_fraction > 0:
+                deadline = now + min(budget, self.wait_fraction * forward)
+            due = self.turnarounds.due_by(now, min(self.batch_wait, forward))
+            if due is not None:
+                deadline = max(deadline, due)
+        return min(self.max_batch, max(1, self.streams)), deadline
+
     async def run(self) -> None:
         """Serve batches until cancelled."""
         loop, queue = asyncio.get_running_loop(), self.queue
         while True:
             if not queue:
                 await self._sleep(1, None)
-            if self.batch_wait > 0 and len(queue) < self.max_batch:
-                left = queue[0].arrived + self.batch_wait - loop.time()
-                if left > 0:
-                    await self._sleep(self.max_batch, left)
+            if self.batch_wait > 0:
+                target, deadline = self._gather_deadline(loop.time())
+                left = deadline - loop.time()
+                if len(queue) < target and left > 0:
+                    await self._sleep(target, left)
             self._wake = None
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             tokens = [j.tokens for j in batch]
@@ -181,11 +213,15 @@ class Verifier:
             now, depth, total = loop.time(), len(queue), sum(tokens)
             for j in batch:
                 j.started, j.compute, j.queue_depth, j.batch_tokens = now, cost, depth, total
+                j.batch_windows = len(batch)
             self.busy_seconds += cost
             self.batch_sizes.append(len(batch))
             self.windows += len(batch)
+            self._forward_ema = cost if self._forward_ema is None else 0.8 * self._forward_ema + 0.2 * cost
             await asyncio.sleep(cost)
             for j in batch:
+                if self.gather == "verifier":
+                    self.turnarounds.verdict_sent(j.session, loop.time())
                 j.done.set_result(None)
 
 
@@ -223,6 +259,8 @@ class DeviceSpec:
     start: float = 0.0          # first request time, s
     prefill: float = 0.0        # seconds the verifier takes to open a request's session
     draft_scale: float = 1.0    # this device's drafter speed relative to the profile
+    matches: str = ""           # replayed acceptance: "1" where the draft's choice at that position of the
+                                # generation equals the target's ("" = per-position Bernoulli of `acceptance`)
 
 
 class ModelledDrafter:
@@ -240,10 +278,15 @@ class ModelledDrafter:
                     k: int) -> tuple[list[int], None]:
         device = self.device
         k = min(k, device.max_k)                         # the drafter's max_window
-        alphas, rng = device.alphas(), device.rng
         n = 0
-        while n < k and rng.random() < alphas[n]:
-            n += 1
+        if device.spec.matches:   # a window accepted as far as the recorded draft agrees from its position on
+            matches = device.spec.matches
+            while n < k and base_position + n < len(matches) and matches[base_position + n] == "1":
+                n += 1
+        else:
+            alphas, rng = device.alphas(), device.rng
+            while n < k and rng.random() < alphas[n]:
+                n += 1
         await asyncio.sleep(k * device.draft_per_token)
         return [AGREE] * n + [DISAGREE] * (k - n), None
 
@@ -262,6 +305,7 @@ class VerifierLink:
         self.device, self.verifier, self.address = device, verifier, verifier.name
 
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
+        self.verifier.streams += 1
         if self.device.spec.prefill > 0:
             await asyncio.sleep(self.device.spec.prefill)
 
@@ -270,7 +314,7 @@ class VerifierLink:
         link, rng, k = device.spec.link, device.rng, len(window.draft)
         rtt = device.rtt()
         await asyncio.sleep(link.one_way(rng, WINDOW_BYTES + WINDOW_TOKEN_BYTES * k, rtt))
-        job = Job(k + 1, asyncio.get_running_loop().create_future())
+        job = Job(k + 1, asyncio.get_running_loop().create_future(), session=str(device.index))
         verifier.submit(job)
         await job.done
         await asyncio.sleep(link.one_way(rng, VERDICT_BYTES, rtt))
@@ -280,10 +324,11 @@ class VerifierLink:
         if device.observer is not None:
             device.truth = Truth(device.alphas(), device.draft_per_token, rtt, link.expected_round_trip(rtt),
                                  job.started - job.arrived, job.batch_tokens - job.tokens, verifier.profile)
-        return Verdict(n, AGREE, verify_compute_seconds=job.compute, queue_depth=job.queue_depth)
+        return Verdict(n, AGREE, verify_compute_seconds=job.compute, queue_depth=job.queue_depth,
+                       batch_windows=job.batch_windows, batch_tokens=job.batch_tokens)
 
     async def close(self, session_id: str) -> None:
-        pass
+        self.verifier.streams -= 1
 
     async def discard(self, session_id: str) -> None:
         pass
@@ -382,7 +427,9 @@ class Simulation:
         count = int(pool_spec.get("count", 1))
         max_batch = int(pool_spec.get("max_batch", 1))
         self.verifiers = {f"verifier-{i}": Verifier(f"verifier-{i}", profile, max_batch,
-                                                    float(pool_spec.get("batch_wait_ms", 0.0)) / 1000)
+                                                    float(pool_spec.get("batch_wait_ms", 0.0)) / 1000,
+                                                    pool_spec.get("gather", "oldest"),
+                                                    float(pool_spec.get("wait_fraction", 0.0)))
                           for i in range(count)}
         self.pool = VerifierPool(list(self.verifiers), clock=self.loop.time)
         self.rtt_schedule = sorted(rtt_schedule or [])

@@ -17,7 +17,10 @@ A scenario (JSON; every key optional but `profile`):
     acceptance           {regime: code|chat|poor} | {alpha, decay} | {per_position: [...]} |
                          {mix: {regime: weight}} (drawn per request); schedule: [[t_s, regime|alpha|{...}], ...]
                          replaces it for everyone from time t
-    verifiers            {count, max_batch, batch_wait_ms}
+    verifiers            {count, max_batch, batch_wait_ms, gather: oldest|verifier, wait_fraction}: a batch starts
+                         when max_batch windows wait or the oldest waited batch_wait_ms ("oldest", default),
+                         or by the real verifier's rule ("verifier": wait for the open sessions' windows,
+                         at most batch_wait_ms and wait_fraction of a forward)
     max_k                largest window any policy may choose, default 8
     policies             ["fixed:2", "heuristic", "goodput", "awc", ...]
     time_bins            for the over-time plots, default 40

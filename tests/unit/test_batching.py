@@ -4,12 +4,13 @@ The scheduler, engine and model are real; only the clock is injected (TTL tests)
 """
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.engines.batching import BatchPolicy, VerifyScheduler
+from edgespec.engines.batching import BatchPolicy, Turnarounds, VerifyScheduler
 from edgespec.engines.drafter import DrafterEngine
 from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from edgespec.loop.failover import FailoverVerifier
@@ -352,3 +353,41 @@ def test_the_wait_for_more_windows_is_a_fraction_of_a_forward():
 
     assert 0.15 <= asyncio.run(waited(0.8, streams=2)) < 1.5    # a quarter of a 0.8 s forward, not 5 s
     assert asyncio.run(waited(0.8, streams=1)) < 0.1             # every open session already has a window queued
+
+
+def test_windows_due_within_a_forward_are_waited_for_and_overdue_ones_are_not():
+    """Over a WAN a session's next window comes a round trip after its verdict, past a fraction of a forward:
+    the scheduler waits for windows its sessions' turnarounds say are due within one forward."""
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS])
+
+    async def waited(sent_ago: float, turnaround: float) -> float:
+        scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"),
+                                    BatchPolicy(max_batch=8, wait_seconds=5.0, wait_fraction=0.01))
+        scheduler._batch_seconds, scheduler.streams = 0.8, 2
+        scheduler.turnarounds.seconds["b"] = turnaround
+        scheduler.turnarounds.verdict_sent("b", time.monotonic() - sent_ago)
+        scheduler._queue.append((("a", Window(0, 1, ())), asyncio.get_running_loop().create_future()))
+        started = asyncio.get_running_loop().time()
+        await scheduler._gather()
+        scheduler.worker.shutdown()
+        return asyncio.get_running_loop().time() - started
+
+    assert 0.2 <= asyncio.run(waited(0.1, 0.3)) < 0.6   # due 1.2 x 0.3 s after its verdict: 0.26 s from now
+    assert asyncio.run(waited(1.0, 0.3)) < 0.1          # overdue: not waited for beyond the budget (8 ms)
+    assert asyncio.run(waited(0.0, 2.0)) < 0.1          # due after more than one forward: not worth a wait
+
+
+def test_turnarounds_learn_from_verdict_to_next_window_and_forget_idle_sessions():
+    t = Turnarounds(smoothing=0.5)
+    t.window_arrived("s", 1.0)                     # a first window: nothing to learn from
+    assert t.seconds == {}
+    t.verdict_sent("s", 2.0)
+    t.window_arrived("s", 2.4)
+    t.verdict_sent("s", 3.0)
+    t.window_arrived("s", 3.2)
+    assert t.seconds["s"] == pytest.approx(0.3) and "s" not in t.answered
+    t.verdict_sent("s", 4.0)
+    assert t.due_by(4.1, 1.0) == pytest.approx(4.0 + 1.2 * 0.3 + 0.002)
+    assert t.due_by(4.1, 0.1) is None and t.due_by(4.5, 1.0) is None    # beyond the horizon; overdue
+    t.forget_older_than(5.0)
+    assert t.answered == {} and t.seconds == {}

@@ -1,0 +1,236 @@
+"""`edgespec sim-capacity CAPACITY.json`: DSD-Sim, calibrated from a bench-capacity run, predicts that run.
+
+    edgespec bench-capacity --json capacity.json ...          # measure (writes what calibration needs)
+    edgespec sim-capacity capacity.json --json sim.json --plot sim.png
+
+Calibration takes only what the run measured:
+  - the verifier's cost of one forward over T tokens in W windows, c(T, W) = f(T) + o (W - 1), f piecewise
+    linear between knots 1, 2, 4, 8, ... : a least-squares fit to every forward the run's verdicts reported
+    (each forward once, from its rows' "forwards"), ar and fixed-k rows alike;
+  - the edge device's draft time per token;
+  - per prompt, where the draft model's choice equals the target's greedy token: the simulator replays it, so
+    a simulated window is accepted exactly as far as the bench's emulated device's;
+  - the verifier's batching settings (its rule: edgespec.engines.batching, modelled by gather="verifier").
+Then it simulates every (RTT, N, mode) row of the run: the same devices (session i on prompt i mod the
+prompts, one generation each, all starting together), the link's RTT, the library's own round loop and
+window policies (ar = a fixed window of 0, k=K fixed, auto = the goodput policy starting from the costs
+earlier sessions at that RTT measured, as the bench's auto does; awc the learned controller). auto-blind
+is not simulated (its verdicts would have to hide their batch reports). Reported per row: predicted and
+measured tokens/s, the error, windows per forward; and how many rows land within --tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.control.awc import AwcWindow
+from edgespec.control.telemetry import Telemetry
+from edgespec.control.window import FixedWindow, GoodputWindow
+from edgespec.sim.model import CostProfile, DeviceSpec, LinkModel, Simulation
+
+MAX_K = 8            # as bench-capacity
+SIMULATED = ("ar", "auto", "awc")
+
+
+def fit_costs(rows: list[dict], draft_seconds: float) -> tuple[CostProfile, float]:
+    """The verifier's cost profile fitted to the rows' forwards, and the fit's RMS error relative to the
+    forwards' times (weighted by how many forwards each (W, T) point averages)."""
+    points = []   # (windows, tokens, forwards, mean seconds)
+    for row in rows:
+        for key, (count, ms) in (row.get("forwards") or {}).items():
+            w, t = (int(x) for x in key.split(","))
+            points.append((w, t, count, ms / 1000))
+    if not points:
+        raise ValueError("no forwards recorded: the run predates `forwards` in its rows (rerun bench-capacity)")
+    top = max(t for _, t, _, _ in points)
+    knots = [1]
+    while knots[-1] < top:
+        knots.append(knots[-1] * 2)
+    w, t, count, seconds = (np.array(column, dtype=float) for column in zip(*points))
+
+    def hats(tokens: np.ndarray) -> np.ndarray:   # piecewise-linear basis: f(T) = sum_j value_j hat_j(T)
+        return np.stack([np.interp(tokens, knots, np.eye(len(knots))[j]) for j in range(len(knots))], axis=1)
+
+    weight = np.sqrt(count)
+    design = np.column_stack([hats(t), w - 1])
+    solution = np.linalg.lstsq(design * weight[:, None], seconds * weight, rcond=None)[0]
+    if solution[-1] < 0:    # a negative per-window overhead is not physical: fit f alone
+        design = hats(t)
+        solution = np.append(np.linalg.lstsq(design * weight[:, None], seconds * weight, rcond=None)[0], 0.0)
+    values, overhead = solution[:-1], float(solution[-1])
+    supported = hats(t).sum(axis=0) > 0      # a knot no forward came near has no data: interpolate it
+    values = np.interp(knots, np.array(knots)[supported], values[supported])
+    profile = CostProfile(draft_seconds, tuple((k, max(1e-6, float(v))) for k, v in zip(knots, values)), overhead,
+                          "fitted to a bench-capacity run")
+    predicted = np.array([profile.batch_seconds([1] * (int(wi) - 1) + [int(ti) - int(wi) + 1])
+                          for wi, ti in zip(w, t)])
+    error = float(np.sqrt(np.sum(count * ((predicted - seconds) / seconds) ** 2) / np.sum(count)))
+    return profile, error
+
+
+def policy_maker(mode: str, warm: Telemetry):
+    """telemetry -> the window policy of ``mode`` (auto and awc start from ``warm``'s costs)."""
+    if mode == "ar":
+        return lambda telemetry: FixedWindow(0)
+    if mode.startswith("k="):
+        k = int(mode[2:])
+        return lambda telemetry: FixedWindow(k)
+
+    def adaptive(telemetry: Telemetry):
+        telemetry.inherit_costs(warm)
+        return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
+    return adaptive
+
+
+def simulate(profile: CostProfile, prompts: list[dict], batch: dict, rtt_ms: float, sessions: int, mode: str,
+             warm: Telemetry) -> dict:
+    """One row of the run in the simulator: tokens/s over all sessions, windows per forward; ``warm`` takes the
+    costs of the session that finished last (as the bench's coordinator-wide costs do)."""
+    devices = [DeviceSpec(link=LinkModel(rtt_ms / 1000), acceptance=lambda rng, now: [0.0] * MAX_K, requests=1,
+                          tokens=prompts[i % len(prompts)]["tokens"], matches=prompts[i % len(prompts)]["matches"])
+               for i in range(sessions)]
+    pool = {"count": 1, "max_batch": batch["max_batch"], "batch_wait_ms": batch["batch_wait_ms"],
+            "gather": "verifier", "wait_fraction": batch["wait_fraction"]}
+    sim = Simulation(profile, pool, devices, policy_maker(mode, warm), MAX_K, seed=1)
+    sim.run()
+    records = sim.records
+    end, device = np.frombuffer(records.end, dtype=np.float64), np.frombuffer(records.device, dtype=np.int32)
+    if mode in ("auto", "awc") and len(end):
+        last = int(device[int(np.argmax(end))])
+        warm.inherit_costs(sim.telemetries[last])
+    verifier = next(iter(sim.verifiers.values()))
+    horizon = float(end.max()) if len(end) else 0.0
+    tokens = int(np.frombuffer(records.request_tokens, dtype=np.int32).sum())
+    return {"tokens_per_second": tokens / horizon if horizon else 0.0,
+            "batch_windows_mean": verifier.windows / max(1, len(verifier.batch_sizes))}
+
+
+def predict(run: dict, tolerance: float) -> list[dict]:
+    """Every simulable row of a bench-capacity result, measured beside predicted."""
+    for key in ("prompts", "verifier_batch", "draft_ms_per_token", "rows"):
+        if key not in run:
+            raise ValueError(f"the run has no {key!r}: it predates calibration data (rerun bench-capacity)")
+    rows = [r for r in run["rows"] if not r.get("error")]
+    profile, _ = fit_costs(rows, run["draft_ms_per_token"] / 1000)
+    out = []
+    for rtt in sorted({r["rtt_ms"] for r in rows}):
+        warm = {mode: Telemetry(max_k=MAX_K) for mode in ("auto", "awc")}
+        for mode in warm:    # the bench's warm-up: one session on the first prompt
+            if any(r["mode"] == mode for r in rows):
+                simulate(profile, run["prompts"], run["verifier_batch"], rtt, 1, mode, warm[mode])
+        for row in [r for r in rows if r["rtt_ms"] == rtt]:
+            if row["mode"] not in SIMULATED and not row["mode"].startswith("k="):
+                continue
+            got = simulate(profile, run["prompts"], run["verifier_batch"], rtt, row["sessions"], row["mode"],
+                           warm.get(row["mode"], Telemetry(max_k=MAX_K)))
+            error = got["tokens_per_second"] / row["tokens_per_second"] - 1
+            out.append({"rtt_ms": rtt, "sessions": row["sessions"], "mode": row["mode"],
+                        "measured_tokens_per_second": row["tokens_per_second"],
+                        "simulated_tokens_per_second": round(got["tokens_per_second"], 3), "error": round(error, 4),
+                        "within_tolerance": abs(error) <= tolerance,
+                        "measured_batch_windows": row.get("batch_windows_mean"),
+                        "simulated_batch_windows": round(got["batch_windows_mean"], 2)})
+    return out
+
+
+def markdown(profile: CostProfile, fit_error: float, rows: list[dict], tolerance: float) -> str:
+    curve = ", ".join(f"{t}: {1000 * s:.0f}" for t, s in profile.forward_points)
+    lines = [f"Fitted forward ms by tokens fed: {curve}; per extra window {1000 * profile.batch_seq_overhead_seconds:.1f} "
+             f"ms; fit RMS error {fit_error:.1%} of a forward.", "",
+             "| RTT ms | N | mode | measured tok/s | simulated tok/s | error | windows / forward measured / simulated |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        measured = r["measured_batch_windows"]
+        lines.append(f"| {r['rtt_ms']:g} | {r['sessions']} | {r['mode']} | {r['measured_tokens_per_second']:.2f} | "
+                     f"{r['simulated_tokens_per_second']:.2f} | {r['error']:+.1%} | "
+                     f"{'' if measured is None else f'{measured:.1f}'} / {r['simulated_batch_windows']:.1f} |")
+    lines += ["", summary(rows, tolerance)]
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict], tolerance: float) -> str:
+    parts = []
+    for name, chosen in (("fixed windows and ar", [r for r in rows if r["mode"] == "ar" or r["mode"].startswith("k=")]),
+                         ("adaptive", [r for r in rows if r["mode"] in ("auto", "awc")]), ("all", rows)):
+        if chosen:
+            errors = np.abs([r["error"] for r in chosen])
+            parts.append(f"{name}: {sum(r['within_tolerance'] for r in chosen)}/{len(chosen)} rows within "
+                         f"{tolerance:.0%}, mean |error| {errors.mean():.1%}, max {errors.max():.1%}")
+    return "; ".join(parts)
+
+
+def plot(rows: list[dict], tolerance: float, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 6))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        chosen = [r for r in rows if r["mode"] == mode]
+        axis.scatter([r["measured_tokens_per_second"] for r in chosen],
+                     [r["simulated_tokens_per_second"] for r in chosen], label=mode, s=25)
+    top = 1.1 * max(max(r["measured_tokens_per_second"], r["simulated_tokens_per_second"]) for r in rows)
+    line = np.array([0, top])
+    axis.plot(line, line, color="black", linewidth=1)
+    axis.fill_between(line, line * (1 - tolerance), line * (1 + tolerance), color="grey", alpha=0.2,
+                      label=f"±{tolerance:.0%}")
+    axis.set_xlabel("measured tokens/s (bench-capacity)")
+    axis.set_ylabel("DSD-Sim tokens/s (calibrated from the same run)")
+    axis.set_xlim(0, top)
+    axis.set_ylim(0, top)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgespec sim-capacity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a bench-capacity --json result")
+    parser.add_argument("--tolerance", type=float, default=0.10, help="relative error counted as a hit "
+                        "(default %(default)s)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows and the fitted profile here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
+    parser.add_argument("--plot", type=Path, default=None, help="draw simulated against measured tokens/s here (PNG)")
+    args = parser.parse_args(argv)
+    if not 0 < args.tolerance < 1:
+        parser.error("--tolerance must be between 0 and 1")
+    try:
+        run = json.loads(args.run.read_text())
+    except OSError as error:
+        parser.error(f"cannot read {args.run}: {error.strerror}")
+    except json.JSONDecodeError as error:
+        parser.error(f"{args.run} is not JSON: {error}")
+    try:
+        rows = predict(run, args.tolerance)
+        profile, fit_error = fit_costs([r for r in run["rows"] if not r.get("error")], run["draft_ms_per_token"] / 1000)
+    except (ValueError, KeyError, TypeError) as error:
+        print(f"edgespec sim-capacity: {args.run}: {error}", file=sys.stderr)
+        return 2
+    text = markdown(profile, fit_error, rows, args.tolerance)
+    print(text)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text + "\n")
+    if args.plot and rows:
+        plot(rows, args.tolerance, args.plot)
+        print(f"plot: {args.plot}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "source": str(args.run), "tolerance": args.tolerance, "fit_rms_error": round(fit_error, 4),
+            "profile": {"draft_seconds_per_token": profile.draft_seconds_per_token,
+                        "forward_seconds_by_tokens": {str(t): round(s, 5) for t, s in profile.forward_points},
+                        "batch_seq_overhead_seconds": round(profile.batch_seq_overhead_seconds, 5)},
+            "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
