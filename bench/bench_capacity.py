@@ -30,8 +30,8 @@ max over fixed k of E(k) / c_N(k+1), with E(k) the tokens per round measured at 
 verifier's measured forward time for those windows over its forward time for ar windows (same N, same RTT):
 drafting free, the link ignored. `limit_with_link` adds what each session waits for in a round, RTT and
 k times the draft time: max over k of E(k) (RTT + T_ar) / (RTT + k d + T_k). The auto policy starts each
-session from the costs that earlier sessions at that RTT measured, as a coordinator does (a warm-up session
-per RTT measures them first). Every output is checked against the
+session from the costs that earlier sessions at that RTT measured and from what they accepted, as a coordinator
+does (Telemetry.start_from; a warm-up session per RTT measures them first). Every output is checked against the
 target's greedy output; a difference is printed and counted, and the run exits 1.
 """
 from __future__ import annotations
@@ -90,12 +90,12 @@ def parse_mode(mode: str) -> int | None:
 
 def policy_for(mode: str, costs: Telemetry):
     """The window policy of ``mode``; auto starts from ``costs`` (what earlier sessions measured), as the
-    coordinator's sessions do (edgespec.loop.generation: Telemetry.inherit_costs)."""
+    coordinator's sessions do (edgespec.loop.generation: Telemetry.start_from)."""
     k = parse_mode(mode)
     if k is not None:
         return FixedWindow(k)
     telemetry = Telemetry(max_k=MAX_K)
-    telemetry.inherit_costs(costs)
+    telemetry.start_from(costs)
     return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
 
 
@@ -181,7 +181,7 @@ async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[i
         policy.observe(sample)
     run.seconds = time.perf_counter() - began
     if telemetry is not None and telemetry.rounds:
-        costs.inherit_costs(telemetry)
+        costs.absorb(telemetry)
     await call.done_writing()
     await call.code()
     return run

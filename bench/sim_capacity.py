@@ -81,15 +81,15 @@ def policy_maker(mode: str, warm: Telemetry):
         return lambda telemetry: FixedWindow(k)
 
     def adaptive(telemetry: Telemetry):
-        telemetry.inherit_costs(warm)
+        telemetry.start_from(warm)
         return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
     return adaptive
 
 
 def simulate(profile: CostProfile, prompts: list[dict], batch: dict, rtt_ms: float, sessions: int, mode: str,
              warm: Telemetry) -> dict:
-    """One row of the run in the simulator: tokens/s over all sessions, windows per forward; ``warm`` takes the
-    costs of the session that finished last (as the bench's coordinator-wide costs do)."""
+    """One row of the run in the simulator: tokens/s over all sessions, windows per forward; ``warm`` absorbs
+    the sessions as they finished (as the bench's coordinator-wide telemetry does)."""
     devices = [DeviceSpec(link=LinkModel(rtt_ms / 1000), acceptance=lambda rng, now: [0.0] * MAX_K, requests=1,
                           tokens=prompts[i % len(prompts)]["tokens"], matches=prompts[i % len(prompts)]["matches"])
                for i in range(sessions)]
@@ -99,9 +99,10 @@ def simulate(profile: CostProfile, prompts: list[dict], batch: dict, rtt_ms: flo
     sim.run()
     records = sim.records
     end, device = np.frombuffer(records.end, dtype=np.float64), np.frombuffer(records.device, dtype=np.int32)
-    if mode in ("auto", "awc") and len(end):
-        last = int(device[int(np.argmax(end))])
-        warm.inherit_costs(sim.telemetries[last])
+    if mode in ("auto", "awc"):
+        finished = {int(d): float(e) for d, e in zip(device, end)}      # each device's last round
+        for index in sorted(finished, key=finished.get):
+            warm.absorb(sim.telemetries[index])
     verifier = next(iter(sim.verifiers.values()))
     horizon = float(end.max()) if len(end) else 0.0
     tokens = int(np.frombuffer(records.request_tokens, dtype=np.int32).sum())

@@ -41,3 +41,27 @@ def best_window(alphas: Sequence[float], draft_per_token: float, overhead: float
                 max_k: int, min_k: int = 0) -> int:
     """The k in [min_k, max_k] maximising E(k) / (k * t_draft + overhead + verify(k))."""
     return best_rate(alphas, draft_per_token, overhead, verify, max_k, min_k)[0]
+
+
+def curve_seconds(curve: dict[int, float], tokens: float, low: bool = False) -> float | None:
+    """A verifier's forward time for a forward that feeds ``tokens`` (all its windows), from measured forward times
+    by tokens fed: measured sizes as measured, sizes between them interpolated, a size past the largest measured
+    extrapolated along the last measured segment (or, with one size measured, in proportion to it), below the
+    smallest as the smallest. ``low``: a lower bound for a forward time that grows with the tokens, and less than
+    in proportion to them (batching pays): below the smallest size in proportion to it, past the largest as the
+    largest, so that a size never measured looks cheap and gets tried once. None before any measurement."""
+    if not curve:
+        return None
+    sizes = sorted(curve)
+    if tokens <= sizes[0]:
+        return curve[sizes[0]] * tokens / sizes[0] if low else curve[sizes[0]]
+    if tokens >= sizes[-1] and low:
+        return curve[sizes[-1]]
+    if tokens >= sizes[-1]:
+        if len(sizes) == 1:
+            return curve[sizes[0]] * tokens / sizes[0]
+        lo, hi = sizes[-2], sizes[-1]
+        return curve[hi] + max(0.0, (curve[hi] - curve[lo]) / (hi - lo)) * (tokens - hi)
+    hi = next(n for n in sizes if n >= tokens)
+    lo = max(n for n in sizes if n <= tokens)
+    return curve[lo] if lo == hi else curve[lo] + (curve[hi] - curve[lo]) * (tokens - lo) / (hi - lo)

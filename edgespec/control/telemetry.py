@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.control.goodput import best_rate, best_window, expected_tokens, goodput
+from edgespec.control.goodput import best_rate, best_window, curve_seconds, expected_tokens, goodput
 from edgespec.control.sample import RoundSample
 
 
@@ -89,6 +89,7 @@ class Telemetry:
     acceptance: float | None = None                            # EMA of n / k
     accepted_ema: float | None = None                          # EMA of n (rounds with k > 0)
     judged_ema: float | None = None                            # EMA of positions judged, min(n + 1, k)
+    judged_depth: int = 0                                      # positions judged at least once
     draft_per_token: float | None = None                       # seconds
     verify_wall: float | None = None                           # seconds, verify round trip EMA (any window)
     verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> its forward seconds EMA, alone in it
@@ -134,6 +135,7 @@ class Telemetry:
         self.judged_ema = _ema(self.judged_ema, float(min(n + 1, k)), s)
         if sample.draft_seconds > 0:
             self.draft_per_token = _ema(self.draft_per_token, sample.draft_seconds / k, s)
+        self.judged_depth = max(self.judged_depth, min(n + 1, k, self.max_k))
         for j in range(min(n + 1, k, self.max_k)):     # positions that were actually judged
             self.alpha[j] = (1 - s) * self.alpha[j] + s * (1.0 if j < n else 0.0)
 
@@ -150,6 +152,21 @@ class Telemetry:
         self.verify_compute = dict(other.verify_compute)
         self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
+
+    def start_from(self, coordinator: "Telemetry") -> None:
+        """A new session's telemetry: the coordinator's costs (inherit_costs) and, as the prior of its per-position
+        acceptance, what the coordinator's earlier sessions accepted (``absorb``) instead of a fixed 0.7. The
+        session's own rounds move it at the usual rate: acceptance still belongs to the text, but a session of
+        32 tokens has too few rounds to find it from a prior far off."""
+        self.inherit_costs(coordinator)
+        self.alpha = list(coordinator.alpha)
+
+    def absorb(self, session: "Telemetry", weight: float = 0.3) -> None:
+        """A finished session into the coordinator's telemetry: its costs replace the coordinator's (inherit_costs),
+        and its per-position acceptance moves the coordinator's prior by ``weight`` (positions it drafted only)."""
+        self.inherit_costs(session)
+        for j in range(min(session.judged_depth, len(self.alpha))):
+            self.alpha[j] = (1 - weight) * self.alpha[j] + weight * session.alpha[j]
 
     # -- estimates -------------------------------------------------------------------------------
 
@@ -180,23 +197,9 @@ class Telemetry:
 
     def forward_seconds(self, tokens: float) -> float | None:
         """The verifier's forward time for a forward that feeds ``tokens`` (all its windows), from the forwards
-        verdicts reported: measured sizes as measured, sizes between them interpolated, a size past the largest
-        measured extrapolated along the last measured segment (or, with one size measured, in proportion to
-        it), below the smallest as the smallest. None before any report."""
-        if not self.forward_curve:
-            return None
-        sizes = sorted(self.forward_curve)
-        curve = self.forward_curve
-        if tokens <= sizes[0]:
-            return curve[sizes[0]]
-        if tokens >= sizes[-1]:
-            if len(sizes) == 1:
-                return curve[sizes[0]] * tokens / sizes[0]
-            lo, hi = sizes[-2], sizes[-1]
-            return curve[hi] + max(0.0, (curve[hi] - curve[lo]) / (hi - lo)) * (tokens - hi)
-        hi = next(n for n in sizes if n >= tokens)
-        lo = max(n for n in sizes if n <= tokens)
-        return curve[lo] if lo == hi else curve[lo] + (curve[hi] - curve[lo]) * (tokens - lo) / (hi - lo)
+        verdicts reported (goodput.curve_seconds: interpolated, extrapolated along the last measured segment).
+        None before any report."""
+        return curve_seconds(self.forward_curve, tokens)
 
     def shared_forwards(self) -> bool:
         """The verifier's forwards carry other sessions' windows too (1.5 or more per forward on average)."""

@@ -18,8 +18,10 @@ budget, and sessions fall into cohorts that alternate (measured with llama.cpp
 at RTT 100 ms, 16 sessions: 6.6 windows per forward where 16 were possible).
 So the scheduler also learns each session's turnaround (from its verdict to
 its next window: the link's round trip plus drafting) and waits for windows
-due within one forward's time: a window that misses the forward would need a
-forward of its own. A session that is overdue is not waited for again until
+due within one forward's time when the wait costs less verifier time than the
+forward of their own they would need otherwise (by its measured forward time
+per tokens fed; with few sessions it does not wait: latency would grow and
+nothing be saved). A session that is overdue is not waited for again until
 it sends. Queueing delay is therefore bounded by the batch in progress plus
 one forward; a full queue is refused at once with RESOURCE_EXHAUSTED and a
 retry hint instead of growing without bound.
@@ -33,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from edgespec.control.goodput import curve_seconds
 from edgespec.errors import EdgespecError, ResourceExhausted, Unavailable
 from edgespec.engines.verifier import Usage, VerifierEngine, WindowResult
 from edgespec.engines.worker import ModelWorker
@@ -56,39 +59,76 @@ class BatchPolicy:
 @dataclass(slots=True)
 class Turnarounds:
     """When each session's next window is due: the time its last verdict went out plus its turnaround (EMA of
-    the seconds from a verdict to that session's next window). Pure: times are passed in."""
+    the seconds from a verdict to that session's next window), and how many tokens its windows feed; and
+    whether a forward should wait for such windows. Pure: times are passed in."""
     smoothing: float = 0.5
-    slack: float = 1.2                   # a window is waited for until 1.2 turnarounds (+ 2 ms) after its verdict
+    slack: float = 1.2                   # a window is due until 1.2 turnarounds (+ 2 ms) after its verdict
     answered: dict[str, float] = field(default_factory=dict)   # session -> when its last verdict went out
     seconds: dict[str, float] = field(default_factory=dict)    # session -> turnaround EMA
+    tokens: dict[str, int] = field(default_factory=dict)       # session -> tokens its last window fed
+    seen: dict[str, float] = field(default_factory=dict)       # session -> its last verdict or window
 
     def verdict_sent(self, session: str, now: float) -> None:
-        self.answered[session] = now
+        self.answered[session] = self.seen[session] = now
 
-    def window_arrived(self, session: str, now: float) -> None:
+    def window_arrived(self, session: str, now: float, tokens: int = 1) -> None:
+        self.tokens[session], self.seen[session] = tokens, now
         sent = self.answered.pop(session, None)
         if sent is not None:
             old = self.seconds.get(session)
             took = now - sent
             self.seconds[session] = took if old is None else (1 - self.smoothing) * old + self.smoothing * took
 
-    def due_by(self, now: float, horizon: float) -> float | None:
-        """The latest time within (now, now + horizon] at which a window is due; None if none is."""
-        latest = None
+    def due(self, now: float, horizon: float) -> list[tuple[float, int, str]]:
+        """(due time, tokens, session) of the windows due within (now, now + horizon], soonest first."""
+        out = []
         for session, sent in self.answered.items():
             turnaround = self.seconds.get(session)
-            if turnaround is None:
+            if turnaround is not None:
+                at = sent + self.slack * turnaround + 0.002
+                if now < at <= now + horizon:
+                    out.append((at, self.tokens.get(session, 1), session))
+        return sorted(out)
+
+    def wait_for(self, now: float, horizon: float, queued: list[tuple[str, int]],
+                 forward: Callable[[float], float | None]) -> tuple[float, list[str]] | None:
+        """The windows worth waiting for, and until when at most: (deadline, their sessions), or None.
+
+        ``queued``: (session, tokens) of the windows waiting now. Sessions that share a forward stay in step, so
+        the wait is paid once and what counts is the cycle afterwards: together, every session waits for its
+        turnaround and one forward, max(turnaround) + forward(q + m); apart, two cohorts alternate, and a cycle
+        takes the longer of both forwards back to back and either cohort's turnaround plus its own forward.
+        Wait when together is faster (q, m: the tokens queued and due). Over a WAN with many sessions that is
+        the case (measured, llama.cpp, RTT 100 ms, 16 sessions: cohorts of 6.6 windows per forward where 16
+        were possible); with few sessions the verifier is idle part of a cycle anyway, and cohorts are faster.
+        ``forward``: measured forward times as a lower bound (goodput.curve_seconds, low): a wait for a forward
+        size never measured is tried once, and what it measured decides the next time."""
+        q = sum(tokens for _, tokens in queued)
+        apart_q, turn_q = forward(q), max((self.seconds.get(s, 0.0) for s, _ in queued), default=0.0)
+        if apart_q is None:
+            return None
+        best, m, turn_m, sessions = None, 0, 0.0, []
+        for at, tokens, session in self.due(now, horizon):
+            m += tokens
+            turn_m = max(turn_m, self.seconds[session])
+            sessions.append(session)
+            together, apart_m = forward(q + m), forward(m)
+            if together is None or apart_m is None:
                 continue
-            due = sent + self.slack * turnaround + 0.002
-            if now < due <= now + horizon and (latest is None or due > latest):
-                latest = due
-        return latest
+            apart = max(apart_q + apart_m, turn_q + apart_q, turn_m + apart_m)
+            if max(turn_q, turn_m) + together <= apart:
+                best = (at, list(sessions))
+        return best
+
+    def arrived(self, sessions: list[str]) -> bool:
+        """Every one of ``sessions`` has sent its next window."""
+        return not any(session in self.answered for session in sessions)
 
     def forget_older_than(self, cutoff: float) -> None:
-        """Drop sessions whose last verdict went out before ``cutoff`` (closed or idle)."""
-        for session in [s for s, sent in self.answered.items() if sent < cutoff]:
-            del self.answered[session]
-            self.seconds.pop(session, None)
+        """Drop sessions not heard of since ``cutoff`` (closed or idle)."""
+        for session in [s for s, at in self.seen.items() if at < cutoff]:
+            for table in (self.seen, self.answered, self.seconds, self.tokens):
+                table.pop(session, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +156,7 @@ class VerifyScheduler:
         self._runner: asyncio.Task | None = None
         self._batch_seconds: float | None = None   # EMA of one forward, for the retry hint and the waits
         self.turnarounds = Turnarounds()           # when sessions' next windows are due
+        self.forward_curve: dict[int, float] = {}  # tokens fed -> forward seconds EMA (is a wait worth it)
 
     @property
     def queue_depth(self) -> int:
@@ -130,7 +171,7 @@ class VerifyScheduler:
             raise ResourceExhausted(f"verifier overloaded: {len(self._queue)} windows already waiting "
                                     f"(--max-queue {self.policy.max_queue})", retry_after_seconds=self.retry_after())
         future = asyncio.get_running_loop().create_future()
-        self.turnarounds.window_arrived(session_id, time.monotonic())
+        self.turnarounds.window_arrived(session_id, time.monotonic(), len(window.draft) + 1)
         self._queue.append(((session_id, window), future))
         self._arrived.set()
         if self._runner is None or self._runner.done():
@@ -157,6 +198,9 @@ class VerifyScheduler:
                 results, usage = [Unavailable(f"verifier failed: {type(error).__name__}: {error}")] * len(batch), None
             seconds = time.perf_counter() - started
             self._batch_seconds = seconds if self._batch_seconds is None else 0.8 * self._batch_seconds + 0.2 * seconds
+            fed = sum(len(w.draft) + 1 for (_, w), _ in batch)
+            old = self.forward_curve.get(fed)
+            self.forward_curve[fed] = seconds if old is None else 0.7 * old + 0.3 * seconds
             answered = time.monotonic()
             for ((session_id, _), future), result in zip(batch, results):
                 if future.done():
@@ -176,19 +220,25 @@ class VerifyScheduler:
 
     async def _gather(self) -> None:
         """Wait while more open sessions could still add a window: for at most the budget (wait_fraction of a
-        forward, capped at wait_seconds), and for windows due within one forward (Turnarounds)."""
+        forward, capped at wait_seconds), and for windows due within one forward that are worth a wait
+        (Turnarounds.wait_for) until they have come."""
         budget = self.policy.wait_seconds
         now = time.monotonic()
         deadline = now + budget
-        forward = self._batch_seconds
+        forward, awaited = self._batch_seconds, []
         if forward is not None:
             deadline = now + min(budget, self.policy.wait_fraction * forward)
             self.turnarounds.forget_older_than(now - max(1.0, 10 * forward))
-            due = self.turnarounds.due_by(now, min(self.policy.wait_seconds, forward))
-            if due is not None:
-                deadline = max(deadline, due)
+            queued = [(session_id, len(w.draft) + 1) for (session_id, w), _ in self._queue]
+            due = self.turnarounds.wait_for(now, min(self.policy.wait_seconds, forward), queued,
+                                            lambda tokens: curve_seconds(self.forward_curve, tokens, low=True))
+            if due is not None and due[0] > deadline:
+                budget_end, (deadline, awaited) = deadline, due
         while len(self._queue) < min(self.policy.max_batch, self.streams):
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            if awaited and now >= budget_end and self.turnarounds.arrived(awaited):
+                return
+            left = deadline - now
             if left <= 0:
                 return
             self._arrived.clear()

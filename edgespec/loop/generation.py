@@ -165,7 +165,7 @@ class Generations:
         self.slots = slots                     # None: no per-client limit
         self.router = router                   # picks a drafter per request; this object feeds it the verify cost
         self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
-        self.costs = Telemetry()               # costs measured by earlier sessions (links, draft, verify by window)
+        self.costs = Telemetry()               # what earlier sessions measured (costs) and accepted (a prior)
         self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
         self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
         self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
@@ -183,7 +183,7 @@ class Generations:
         unverified_text: TextStreamPort | None = None
         started = time.perf_counter()
         telemetry = Telemetry()
-        telemetry.inherit_costs(self.costs)   # start from what earlier sessions measured; acceptance starts fresh
+        telemetry.start_from(self.costs)   # start from what earlier sessions measured and accepted
         policy = self._policy(plan.window, telemetry)
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
@@ -220,7 +220,7 @@ class Generations:
             if self.slots is not None:
                 self.slots.release(session_id)
             if telemetry.rounds:
-                self.costs.inherit_costs(telemetry)
+                self.costs.absorb(telemetry)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafter, drafting)

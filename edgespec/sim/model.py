@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from edgespec.control.sample import RoundSample
+from edgespec.control.goodput import curve_seconds
 from edgespec.control.telemetry import Telemetry
 from edgespec.engines.batching import Turnarounds
 from edgespec.loop.failover import FailoverVerifier
@@ -144,7 +145,8 @@ class Verifier:
     (edgespec.engines.batching.VerifyScheduler): once it could start a forward it waits while fewer windows
     wait than min(max_batch, sessions open on it), for at most `batch_wait` seconds and at most
     `wait_fraction` of its forward time (EMA; 0 = no such cap), and for windows due within one forward by
-    their sessions' turnarounds (edgespec.engines.batching.Turnarounds, the same code). A batch costs the
+    their sessions' turnarounds when that saves forward time (edgespec.engines.batching.Turnarounds, the
+    same code). A batch costs the
     profile's batch_seconds."""
 
     def __init__(self, name: str, profile: CostProfile, max_batch: int = 1, batch_wait: float = 0.0,
@@ -161,13 +163,14 @@ class Verifier:
         self.windows = 0
         self._forward_ema: float | None = None
         self.turnarounds = Turnarounds()
+        self.forward_curve: dict[int, float] = {}
         self._wake: asyncio.Future | None = None
         self._waiting_for = 0             # queue length that wakes the loop
 
     def submit(self, job: Job) -> None:
         job.arrived = asyncio.get_running_loop().time()
         if self.gather == "verifier":
-            self.turnarounds.window_arrived(job.session, job.arrived)
+            self.turnarounds.window_arrived(job.session, job.arrived, job.tokens)
         self.queue.append(job)
         wake = self._wake
         if wake is not None and len(self.queue) >= self._waiting_for and not wake.done():
@@ -181,19 +184,22 @@ class Verifier:
             loop.call_later(timeout, _wake_up, wake)
         return wake
 
-    def _gather_deadline(self, now: float) -> tuple[int, float]:
-        """(windows to wait for, the time to stop waiting)."""
+    def _gather_plan(self, now: float) -> tuple[int, float, float, list[str]]:
+        """(windows to wait for, end of the plain budget, the time to stop waiting, sessions awaited by turnaround)."""
         if self.gather == "oldest":
-            return self.max_batch, self.queue[0].arrived + self.batch_wait
+            end = self.queue[0].arrived + self.batch_wait
+            return self.max_batch, end, end, []
         budget, forward = self.batch_wait, self._forward_ema
         deadline = now + budget
         if forward is not None:
             if self.wait_fraction > 0:
                 deadline = now + min(budget, self.wait_fraction * forward)
-            due = self.turnarounds.due_by(now, min(self.batch_wait, forward))
-            if due is not None:
-                deadline = max(deadline, due)
-        return min(self.max_batch, max(1, self.streams)), deadline
+            queued = [(job.session, job.tokens) for job in self.queue]
+            due = self.turnarounds.wait_for(now, min(self.batch_wait, forward), queued,
+                                            lambda tokens: curve_seconds(self.forward_curve, tokens, low=True))
+            if due is not None and due[0] > deadline:
+                return min(self.max_batch, max(1, self.streams)), deadline, due[0], due[1]
+        return min(self.max_batch, max(1, self.streams)), deadline, deadline, []
 
     async def run(self) -> None:
         """Serve batches until cancelled."""
@@ -202,10 +208,14 @@ class Verifier:
             if not queue:
                 await self._sleep(1, None)
             if self.batch_wait > 0:
-                target, deadline = self._gather_deadline(loop.time())
-                left = deadline - loop.time()
-                if len(queue) < target and left > 0:
-                    await self._sleep(target, left)
+                target, budget_end, deadline, awaited = self._gather_plan(loop.time())
+                while len(queue) < target:
+                    now = loop.time()
+                    if awaited and now >= budget_end and self.turnarounds.arrived(awaited):
+                        break
+                    if deadline - now <= 0:
+                        break
+                    await self._sleep(len(queue) + 1 if awaited else target, deadline - now)
             self._wake = None
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             tokens = [j.tokens for j in batch]
@@ -218,6 +228,8 @@ class Verifier:
             self.batch_sizes.append(len(batch))
             self.windows += len(batch)
             self._forward_ema = cost if self._forward_ema is None else 0.8 * self._forward_ema + 0.2 * cost
+            old = self.forward_curve.get(total)   # as measured, the way the real scheduler learns it
+            self.forward_curve[total] = cost if old is None else 0.7 * old + 0.3 * cost
             await asyncio.sleep(cost)
             for j in batch:
                 if self.gather == "verifier":

@@ -355,15 +355,16 @@ def test_the_wait_for_more_windows_is_a_fraction_of_a_forward():
     assert asyncio.run(waited(0.8, streams=1)) < 0.1             # every open session already has a window queued
 
 
-def test_windows_due_within_a_forward_are_waited_for_and_overdue_ones_are_not():
+def test_windows_due_within_a_forward_are_waited_for_when_that_saves_verifier_time():
     """Over a WAN a session's next window comes a round trip after its verdict, past a fraction of a forward:
-    the scheduler waits for windows its sessions' turnarounds say are due within one forward."""
+    the scheduler waits for windows its sessions' turnarounds say are due within one forward, when the wait
+    costs less than the forward of their own they would need."""
     engine = VerifierEngine(tiny(TARGET), [TINY_EOS])
 
-    async def waited(sent_ago: float, turnaround: float) -> float:
+    async def waited(sent_ago: float, turnaround: float, curve: dict) -> float:
         scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"),
                                     BatchPolicy(max_batch=8, wait_seconds=5.0, wait_fraction=0.01))
-        scheduler._batch_seconds, scheduler.streams = 0.8, 2
+        scheduler._batch_seconds, scheduler.streams, scheduler.forward_curve = 0.8, 2, curve
         scheduler.turnarounds.seconds["b"] = turnaround
         scheduler.turnarounds.verdict_sent("b", time.monotonic() - sent_ago)
         scheduler._queue.append((("a", Window(0, 1, ())), asyncio.get_running_loop().create_future()))
@@ -372,9 +373,12 @@ def test_windows_due_within_a_forward_are_waited_for_and_overdue_ones_are_not():
         scheduler.worker.shutdown()
         return asyncio.get_running_loop().time() - started
 
-    assert 0.2 <= asyncio.run(waited(0.1, 0.3)) < 0.6   # due 1.2 x 0.3 s after its verdict: 0.26 s from now
-    assert asyncio.run(waited(1.0, 0.3)) < 0.1          # overdue: not waited for beyond the budget (8 ms)
-    assert asyncio.run(waited(0.0, 2.0)) < 0.1          # due after more than one forward: not worth a wait
+    batched = {1: 0.8, 2: 0.85}       # a second row costs little: waiting 0.26 s saves 0.8 - 0.26 - 0.05
+    assert 0.2 <= asyncio.run(waited(0.1, 0.3, batched)) < 0.6   # due 1.2 x 0.3 s after its verdict: in 0.26 s
+    assert asyncio.run(waited(0.1, 0.3, {1: 0.8, 2: 1.6})) < 0.1  # rows cost in proportion: nothing to save
+    assert asyncio.run(waited(1.0, 0.3, batched)) < 0.1          # overdue: not waited for beyond the budget (8 ms)
+    assert asyncio.run(waited(0.0, 2.0, batched)) < 0.1          # due after more than one forward: not worth a wait
+    assert asyncio.run(waited(0.1, 0.3, {})) < 0.1               # no forward measured yet: no basis for a wait
 
 
 def test_turnarounds_learn_from_verdict_to_next_window_and_forget_idle_sessions():
@@ -382,12 +386,19 @@ def test_turnarounds_learn_from_verdict_to_next_window_and_forget_idle_sessions(
     t.window_arrived("s", 1.0)                     # a first window: nothing to learn from
     assert t.seconds == {}
     t.verdict_sent("s", 2.0)
-    t.window_arrived("s", 2.4)
+    t.window_arrived("s", 2.4, tokens=3)
     t.verdict_sent("s", 3.0)
-    t.window_arrived("s", 3.2)
+    t.window_arrived("s", 3.2, tokens=3)
     assert t.seconds["s"] == pytest.approx(0.3) and "s" not in t.answered
     t.verdict_sent("s", 4.0)
-    assert t.due_by(4.1, 1.0) == pytest.approx(4.0 + 1.2 * 0.3 + 0.002)
-    assert t.due_by(4.1, 0.1) is None and t.due_by(4.5, 1.0) is None    # beyond the horizon; overdue
+    due = 4.0 + 1.2 * 0.3 + 0.002
+    assert t.due(4.1, 1.0) == [(pytest.approx(due), 3, "s")]
+    assert t.due(4.1, 0.1) == [] and t.due(4.5, 1.0) == []    # beyond the horizon; overdue
+    cheap = {1: 1.0, 3: 1.05, 4: 1.1}.get                      # tokens -> forward seconds
+    assert t.wait_for(4.1, 1.0, [("q", 1)], cheap) == (pytest.approx(due), ["s"])
+    assert t.wait_for(4.1, 1.0, [("q", 1)], lambda tokens: 0.1 * tokens) is None   # no batching gain: apart
+    assert not t.arrived(["s"])
+    t.window_arrived("s", 4.3, tokens=3)
+    assert t.arrived(["s"]) and t.arrived([])
     t.forget_older_than(5.0)
-    assert t.answered == {} and t.seconds == {}
+    assert t.answered == {} and t.seconds == {} and t.tokens == {} and t.seen == {}

@@ -142,3 +142,25 @@ def test_telemetry_and_awc_import_no_torch_grpc_or_asyncio():
             "bad = [m for m in ('torch', 'grpc', 'google.protobuf', 'asyncio') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_session_starts_from_the_acceptance_earlier_sessions_had_and_moves_it_by_a_weight():
+    coordinator = Telemetry(max_k=4)
+    first = Telemetry(max_k=4)
+    first.start_from(coordinator)
+    assert first.alpha == [0.7] * 4                           # nothing learnt yet: the fixed prior
+    for _ in range(10):                                      # windows of 2, both accepted
+        first.record(RoundSample(2, 2, 0.04, 0.1, 0.08, 0, "v"))
+    assert first.judged_depth == 2 and first.alpha[0] > 0.95
+    coordinator.absorb(first, weight=0.5)
+    assert coordinator.alpha[:2] == pytest.approx([0.5 * 0.7 + 0.5 * a for a in first.alpha[:2]])
+    assert coordinator.alpha[2:] == [0.7, 0.7]                # positions the session never drafted stay
+    assert coordinator.verify_compute == first.verify_compute  # and its costs carry over as before
+    second = Telemetry(max_k=4)
+    second.start_from(coordinator)
+    assert second.alpha == coordinator.alpha and second.alpha is not coordinator.alpha
+    second.record(RoundSample(2, 0, 0.04, 0.1, 0.08, 0, "v"))   # its own text rejects: it moves at the usual rate
+    assert second.alpha[0] == pytest.approx(0.7 * coordinator.alpha[0])
+    untouched = list(coordinator.alpha)
+    coordinator.absorb(Telemetry(max_k=4))                    # a session that never drafted changes no prior
+    assert coordinator.alpha == untouched
