@@ -145,9 +145,13 @@ def ensure_drafts(cache_path: Path, draft: str, threads: int, prompts: list[list
     return [cache[key] for key in keys]
 
 
-async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[int], choices: list[int],
+async def decode(stub, session_id: str, base: int, reference: list[int], eos: frozenset[int], choices: list[int],
                  mode: str, draft_seconds: float, costs: Telemetry) -> SessionRun:
-    """One device: choose a window, draft it (sleeping the draft time), verify it, commit, until ``length``."""
+    """One device: choose a window, draft it (sleeping the draft time), verify it, commit, until the reference's
+    length, or until the output departs from the reference: the recorded choices are the draft model's along the
+    reference only, so a session that went elsewhere (llama.cpp's numerics differ between batch shapes; counted
+    as a mismatch) would go on with proposals no drafter would make, and straggle."""
+    length = len(reference)
     run, policy = SessionRun(), policy_for(mode, costs)
     telemetry = getattr(policy, "telemetry", None)   # the adaptive policies' own, recorded before they observe
     call = stub.VerifyStream()
@@ -172,6 +176,7 @@ async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[i
         if verdict.batch_windows:
             run.forwards.add((verdict.batch_windows, verdict.batch_tokens, verdict.verify_compute_seconds))
         run.generated += [*tokens[:verdict.accepted], verdict.next_token]
+        departed = run.generated != reference[:len(run.generated)]
         blind = mode == "auto-blind"   # the policy without the verdicts' batch reports: load-unaware
         sample = RoundSample(k, verdict.accepted, sent - drafted, done - sent, verdict.verify_compute_seconds,
                              verdict.queue_depth, "cloud", batch_windows=0 if blind else verdict.batch_windows,
@@ -179,6 +184,8 @@ async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[i
         if telemetry is not None:
             telemetry.record(sample)
         policy.observe(sample)
+        if departed:
+            break
     run.seconds = time.perf_counter() - began
     if telemetry is not None and telemetry.rounds:
         costs.absorb(telemetry)
@@ -206,7 +213,7 @@ async def run_sessions(address: str, prompts: list[list[int]], references: list[
         before, cpu_before = scrape_batch_histogram(metrics_url), cpu_seconds(pid)
         began = time.perf_counter()
         sessions = await asyncio.gather(*(
-            decode(stubs[i], ids[i], len(prompts[picks[i]]), len(references[picks[i]]), eos, choices[picks[i]],
+            decode(stubs[i], ids[i], len(prompts[picks[i]]), references[picks[i]], eos, choices[picks[i]],
                    mode, draft_seconds, costs) for i in range(n)))
         wall = time.perf_counter() - began
         cpu, after = cpu_seconds(pid) - cpu_before, scrape_batch_histogram(metrics_url)

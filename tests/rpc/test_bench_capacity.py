@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
-from bench import bench_capacity  # noqa: E402
+from bench import bench_capacity, sim_capacity  # noqa: E402
 from edgespec.backends import llamacpp  # noqa: E402
 from edgespec.backends.tokenizer import load_tokenizer  # noqa: E402
 
@@ -46,6 +46,18 @@ def test_every_mode_n_and_rtt_is_measured_and_exact(tmp_path):
         # the draft is the target: its recorded choices are the target's own, so nearly every token is accepted
         assert row["acceptance"] >= 0.8 and row["tokens_per_round"] > 2
     assert (tmp_path / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # What DSD-Sim needs to replay the run, and the calibrated simulator predicting it
+    assert report["verifier_batch"] == {"max_batch": 16, "batch_wait_ms": 200.0, "wait_fraction": 0.25}
+    assert [len(p["matches"]) for p in report["prompts"]] == [p["tokens"] for p in report["prompts"]]
+    assert all(r["forwards"] for r in rows)
+    for row in (r for r in rows if r["sessions"] == 1 and r["mode"] != "auto"):   # a forward holds its window only
+        assert {key.split(",")[0] for key in row["forwards"]} == {"1"}
+    sim = tmp_path / "sim.json"
+    assert sim_capacity.main([str(tmp_path / "capacity.json"), "--json", str(sim)]) == 0
+    predicted = json.loads(sim.read_text())["rows"]
+    assert [(r["rtt_ms"], r["sessions"], r["mode"]) for r in predicted] == [
+        (r["rtt_ms"], r["sessions"], r["mode"]) for r in rows]
+    assert all(r["simulated_tokens_per_second"] > 0 for r in predicted)
 
 
 def test_recorded_choices_are_the_draft_models_greedy_chain():
@@ -93,6 +105,7 @@ def test_output_that_differs_from_the_reference_is_counted_and_fails_the_run(tmp
     assert code == 1
     (row,) = report["rows"]
     assert row["mismatches"] == 1 and row["mismatch_details"][0]["position"] == 4
+    assert row["tokens"] == 5          # it ends where it departs: the recorded drafts hold along the reference only
 
 
 @pytest.mark.parametrize("args, message", [
