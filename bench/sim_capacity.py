@@ -5,8 +5,9 @@
 
 Calibration takes only what the run measured:
   - the verifier's cost of one forward over T tokens in W windows, c(T, W) = f(T) + o (W - 1), f piecewise
-    linear between knots 1, 2, 4, 8, ... : a least-squares fit to every forward the run's verdicts reported
-    (each forward once, from its rows' "forwards"), ar and fixed-k rows alike;
+    linear between the sizes the run fed (llama.cpp's is not smooth: on this CPU about 30 ms per token up to
+    10 tokens, then flat to 16, where its kernels change): a least-squares fit to every forward the run's
+    verdicts reported (each forward once, from its rows' "forwards"), ar and fixed-k rows alike;
   - the edge device's draft time per token;
   - per prompt, where the draft model's choice equals the target's greedy token: the simulator replays it, so
     a simulated window is accepted exactly as far as the bench's emulated device's;
@@ -46,18 +47,18 @@ def fit_costs(rows: list[dict], draft_seconds: float) -> tuple[CostProfile, floa
             points.append((w, t, count, ms / 1000))
     if not points:
         raise ValueError("no forwards recorded: the run predates `forwards` in its rows (rerun bench-capacity)")
-    top = max(t for _, t, _, _ in points)
-    knots = [1]
-    while knots[-1] < top:
-        knots.append(knots[-1] * 2)
+    knots = sorted({1} | {t for _, t, _, _ in points})   # every size fed: llama.cpp's curve is not smooth
     w, t, count, seconds = (np.array(column, dtype=float) for column in zip(*points))
 
     def hats(tokens: np.ndarray) -> np.ndarray:   # piecewise-linear basis: f(T) = sum_j value_j hat_j(T)
         return np.stack([np.interp(tokens, knots, np.eye(len(knots))[j]) for j in range(len(knots))], axis=1)
 
     weight = np.sqrt(count)
-    design = np.column_stack([hats(t), w - 1])
-    solution = np.linalg.lstsq(design * weight[:, None], seconds * weight, rcond=None)[0]
+    # A light penalty on the per-window overhead: where the data cannot tell it from f (a size fed only with one
+    # number of windows), it stays 0 instead of taking an arbitrary share of f.
+    design = np.vstack([np.column_stack([hats(t), w - 1]) * weight[:, None],
+                        np.append(np.zeros(len(knots)), 1e-3 * np.sqrt(count.sum()))])
+    solution = np.linalg.lstsq(design, np.append(seconds * weight, 0.0), rcond=None)[0]
     if solution[-1] < 0:    # a negative per-window overhead is not physical: fit f alone
         design = hats(t)
         solution = np.append(np.linalg.lstsq(design * weight[:, None], seconds * weight, rcond=None)[0], 0.0)
@@ -139,8 +140,9 @@ def predict(run: dict, tolerance: float) -> list[dict]:
 
 
 def markdown(profile: CostProfile, fit_error: float, rows: list[dict], tolerance: float) -> str:
-    curve = ", ".join(f"{t}: {1000 * s:.0f}" for t, s in profile.forward_points)
-    lines = [f"Fitted forward ms by tokens fed: {curve}; per extra window {1000 * profile.batch_seq_overhead_seconds:.1f} "
+    shown = [(t, s) for t, s in profile.forward_points if t in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)]
+    curve = ", ".join(f"{t}: {1000 * s:.0f}" for t, s in shown)
+    lines = [f"Fitted forward ms by tokens fed ({len(profile.forward_points)} sizes; some): {curve}; per extra window {1000 * profile.batch_seq_overhead_seconds:.1f} "
              f"ms; fit RMS error {fit_error:.1%} of a forward.", "",
              "| RTT ms | N | mode | measured tok/s | simulated tok/s | error | windows / forward measured / simulated |",
              "|---|---|---|---|---|---|---|"]

@@ -50,7 +50,9 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
                             "(default %(default)s)")
     group.add_argument("--batch-wait-ms", type=float, default=200.0,
                        help="longest wait for more windows before a forward, while fewer windows wait than sessions "
-                            "have streams open; never more than --batch-wait-fraction of one forward "
+                            "have streams open; never more than --batch-wait-fraction of one forward, except for "
+                            "windows that sessions' turnarounds (verdict to next window, learnt per session) say are "
+                            "due within one forward when sharing it makes the cycle faster; 0 = never wait "
                             "(default %(default)s)")
     group.add_argument("--batch-wait-fraction", type=float, default=0.25,
                        help="the wait is at most this fraction of the measured time of one forward, so a GPU waits "

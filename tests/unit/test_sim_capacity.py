@@ -29,7 +29,8 @@ def test_the_fit_recovers_a_cost_curve_and_a_per_window_overhead():
     profile, error = sim_capacity.fit_costs([forwards_row(points)], 0.018)
     assert error < 1e-6
     assert profile.batch_seq_overhead_seconds == pytest.approx(OVERHEAD, abs=1e-6)
-    assert dict(profile.forward_points) == pytest.approx(CURVE, abs=1e-6)
+    for tokens in (1, 2, 3, 4, 5, 8, 12, 16, 20, 32):            # every size fed, and the curve between them
+        assert profile.forward_seconds(tokens) == pytest.approx(true_cost(1, tokens), abs=1e-6)
     assert profile.draft_seconds_per_token == 0.018
 
 
