@@ -148,17 +148,17 @@ def ensure_drafts(cache_path: Path, draft: str, threads: int, prompts: list[list
 async def decode(stub, session_id: str, base: int, reference: list[int], eos: frozenset[int], choices: list[int],
                  mode: str, draft_seconds: float, costs: Telemetry) -> SessionRun:
     """One device: choose a window, draft it (sleeping the draft time), verify it, commit, until the reference's
-    length, or until the output departs from the reference: the recorded choices are the draft model's along the
-    reference only, so a session that went elsewhere (llama.cpp's numerics differ between batch shapes; counted
-    as a mismatch) would go on with proposals no drafter would make, and straggle."""
-    length = len(reference)
+    length. Once the output departs from the reference (llama.cpp's numerics differ between batch shapes; counted
+    as a mismatch) the session goes on target-only: the recorded choices are the draft model's along the
+    reference only, and proposals no drafter would make would be rejected and make it straggle."""
+    length, departed = len(reference), False
     run, policy = SessionRun(), policy_for(mode, costs)
     telemetry = getattr(policy, "telemetry", None)   # the adaptive policies' own, recorded before they observe
     call = stub.VerifyStream()
     began = time.perf_counter()
     while len(run.generated) < length and not (run.generated and run.generated[-1] in eos):
         position = len(run.generated)
-        k = min(policy.choose(), length - position - 1)
+        k = 0 if departed else min(policy.choose(), length - position - 1)
         drafted = time.perf_counter()
         tokens = choices[position:position + k]
         if k:
@@ -176,7 +176,7 @@ async def decode(stub, session_id: str, base: int, reference: list[int], eos: fr
         if verdict.batch_windows:
             run.forwards.add((verdict.batch_windows, verdict.batch_tokens, verdict.verify_compute_seconds))
         run.generated += [*tokens[:verdict.accepted], verdict.next_token]
-        departed = run.generated != reference[:len(run.generated)]
+        departed = departed or run.generated != reference[:len(run.generated)]
         blind = mode == "auto-blind"   # the policy without the verdicts' batch reports: load-unaware
         sample = RoundSample(k, verdict.accepted, sent - drafted, done - sent, verdict.verify_compute_seconds,
                              verdict.queue_depth, "cloud", batch_windows=0 if blind else verdict.batch_windows,
@@ -184,8 +184,6 @@ async def decode(stub, session_id: str, base: int, reference: list[int], eos: fr
         if telemetry is not None:
             telemetry.record(sample)
         policy.observe(sample)
-        if departed:
-            break
     run.seconds = time.perf_counter() - began
     if telemetry is not None and telemetry.rounds:
         costs.absorb(telemetry)

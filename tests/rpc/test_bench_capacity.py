@@ -105,7 +105,7 @@ def test_output_that_differs_from_the_reference_is_counted_and_fails_the_run(tmp
     assert code == 1
     (row,) = report["rows"]
     assert row["mismatches"] == 1 and row["mismatch_details"][0]["position"] == 4
-    assert row["tokens"] == 5          # it ends where it departs: the recorded drafts hold along the reference only
+    assert row["tokens"] == len(reference)   # it goes on (target-only: the recorded drafts hold along the reference)
 
 
 @pytest.mark.parametrize("args, message", [
