@@ -111,13 +111,14 @@ def simulate(profile: CostProfile, prompts: list[dict], batch: dict, rtt_ms: flo
             "batch_windows_mean": verifier.windows / max(1, len(verifier.batch_sizes))}
 
 
-def predict(run: dict, tolerance: float) -> list[dict]:
-    """Every simulable row of a bench-capacity result, measured beside predicted."""
+def predict(run: dict, tolerance: float) -> tuple[CostProfile, float, list[dict]]:
+    """The fitted profile, its fit error, and every simulable row of a bench-capacity result, measured beside
+    predicted."""
     for key in ("prompts", "verifier_batch", "draft_ms_per_token", "rows"):
         if key not in run:
             raise ValueError(f"the run has no {key!r}: it predates calibration data (rerun bench-capacity)")
     rows = [r for r in run["rows"] if not r.get("error")]
-    profile, _ = fit_costs(rows, run["draft_ms_per_token"] / 1000)
+    profile, fit_error = fit_costs(rows, run["draft_ms_per_token"] / 1000)
     out = []
     for rtt in sorted({r["rtt_ms"] for r in rows}):
         warm = {mode: Telemetry(max_k=MAX_K) for mode in ("auto", "awc")}
@@ -136,7 +137,7 @@ def predict(run: dict, tolerance: float) -> list[dict]:
                         "within_tolerance": abs(error) <= tolerance,
                         "measured_batch_windows": row.get("batch_windows_mean"),
                         "simulated_batch_windows": round(got["batch_windows_mean"], 2)})
-    return out
+    return profile, fit_error, out
 
 
 def markdown(profile: CostProfile, fit_error: float, rows: list[dict], tolerance: float) -> str:
@@ -211,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     except json.JSONDecodeError as error:
         parser.error(f"{args.run} is not JSON: {error}")
     try:
-        rows = predict(run, args.tolerance)
-        profile, fit_error = fit_costs([r for r in run["rows"] if not r.get("error")], run["draft_ms_per_token"] / 1000)
+        profile, fit_error, rows = predict(run, args.tolerance)
     except (ValueError, KeyError, TypeError) as error:
         print(f"edgespec sim-capacity: {args.run}: {error}", file=sys.stderr)
         return 2
