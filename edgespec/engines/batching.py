@@ -222,18 +222,18 @@ class VerifyScheduler:
         """Wait while more open sessions could still add a window: for at most the budget (wait_fraction of a
         forward, capped at wait_seconds), and for windows due within one forward that are worth a wait
         (Turnarounds.wait_for) until they have come."""
+        now, forward, awaited = time.monotonic(), self._batch_seconds, []
         budget = self.policy.wait_seconds
-        now = time.monotonic()
-        deadline = now + budget
-        forward, awaited = self._batch_seconds, []
         if forward is not None:
-            deadline = now + min(budget, self.policy.wait_fraction * forward)
+            budget = min(budget, self.policy.wait_fraction * forward)
+        budget_end = deadline = now + budget
+        if forward is not None:
             self.turnarounds.forget_older_than(now - max(1.0, 10 * forward))
             queued = [(session_id, len(w.draft) + 1) for (session_id, w), _ in self._queue]
             due = self.turnarounds.wait_for(now, min(self.policy.wait_seconds, forward), queued,
                                             lambda tokens: curve_seconds(self.forward_curve, tokens, low=True))
             if due is not None and due[0] > deadline:
-                budget_end, (deadline, awaited) = deadline, due
+                deadline, awaited = due
         while len(self._queue) < min(self.policy.max_batch, self.streams):
             now = time.monotonic()
             if awaited and now >= budget_end and self.turnarounds.arrived(awaited):
