@@ -131,6 +131,43 @@ class Turnarounds:
                 table.pop(session, None)
 
 
+@dataclass(slots=True)
+class GatherRule:
+    """How long to wait for more windows before a forward (the module's docstring): for at most ``wait_seconds``
+    and ``wait_fraction`` of a forward (its EMA), and for windows due by their sessions' turnarounds when a shared
+    forward makes the cycle faster (Turnarounds.wait_for, on the forward times measured per tokens fed). Pure:
+    times are passed in. The scheduler runs it, and the simulator's verifier (edgespec.sim) runs the same."""
+    wait_seconds: float
+    wait_fraction: float
+    turnarounds: Turnarounds = field(default_factory=Turnarounds)
+    forward_ema: float | None = None                               # seconds of one forward
+    forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> forward seconds EMA
+
+    def forward_done(self, tokens: int, seconds: float) -> None:
+        ema, old = self.forward_ema, self.forward_curve.get(tokens)
+        self.forward_ema = seconds if ema is None else 0.8 * ema + 0.2 * seconds
+        self.forward_curve[tokens] = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def plan(self, now: float, queued: list[tuple[str, int]]) -> tuple[float, float, list[str]]:
+        """(end of the plain budget, the time to stop waiting, the sessions awaited by their turnarounds) for a
+        forward that could start now, with ``queued`` (session, tokens) windows waiting."""
+        forward = self.forward_ema
+        if forward is None:
+            end = now + self.wait_seconds
+            return end, end, []
+        end = now + min(self.wait_seconds, self.wait_fraction * forward)
+        self.turnarounds.forget_older_than(now - max(1.0, 10 * forward))
+        due = self.turnarounds.wait_for(now, min(self.wait_seconds, forward), queued,
+                                        lambda tokens: curve_seconds(self.forward_curve, tokens, low=True))
+        if due is not None and due[0] > end:
+            return end, due[0], due[1]
+        return end, end, []
+
+    def done_waiting(self, now: float, budget_end: float, awaited: list[str]) -> bool:
+        """The sessions awaited have all sent their windows and the plain budget is over."""
+        return bool(awaited) and now >= budget_end and self.turnarounds.arrived(awaited)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchDone:
     """What one forward did, for metrics: windows, tokens fed, seconds, windows left waiting, engine usage after."""
@@ -154,9 +191,7 @@ class VerifyScheduler:
         self._queue: deque[tuple[tuple[str, Window], asyncio.Future]] = deque()   # ((session_id, window), result)
         self._arrived = asyncio.Event()
         self._runner: asyncio.Task | None = None
-        self._batch_seconds: float | None = None   # EMA of one forward, for the retry hint and the waits
-        self.turnarounds = Turnarounds()           # when sessions' next windows are due
-        self.forward_curve: dict[int, float] = {}  # tokens fed -> forward seconds EMA (is a wait worth it)
+        self.rule = GatherRule(policy.wait_seconds, policy.wait_fraction)   # forwards measured, turnarounds
 
     @property
     def queue_depth(self) -> int:
@@ -171,7 +206,7 @@ class VerifyScheduler:
             raise ResourceExhausted(f"verifier overloaded: {len(self._queue)} windows already waiting "
                                     f"(--max-queue {self.policy.max_queue})", retry_after_seconds=self.retry_after())
         future = asyncio.get_running_loop().create_future()
-        self.turnarounds.window_arrived(session_id, time.monotonic(), len(window.draft) + 1)
+        self.rule.turnarounds.window_arrived(session_id, time.monotonic(), len(window.draft) + 1)
         self._queue.append(((session_id, window), future))
         self._arrived.set()
         if self._runner is None or self._runner.done():
@@ -181,7 +216,7 @@ class VerifyScheduler:
     def retry_after(self) -> float:
         """Seconds until the queue has likely drained by one batch."""
         batches = len(self._queue) / self.policy.max_batch + 1
-        return batches * (self._batch_seconds or 0.5)
+        return batches * (self.rule.forward_ema or 0.5)
 
     async def _run(self) -> None:
         while self._queue:
@@ -197,15 +232,12 @@ class VerifyScheduler:
                 log.exception("verify batch of %d failed", len(batch))
                 results, usage = [Unavailable(f"verifier failed: {type(error).__name__}: {error}")] * len(batch), None
             seconds = time.perf_counter() - started
-            self._batch_seconds = seconds if self._batch_seconds is None else 0.8 * self._batch_seconds + 0.2 * seconds
-            fed = sum(len(w.draft) + 1 for (_, w), _ in batch)
-            old = self.forward_curve.get(fed)
-            self.forward_curve[fed] = seconds if old is None else 0.7 * old + 0.3 * seconds
+            self.rule.forward_done(sum(len(w.draft) + 1 for (_, w), _ in batch), seconds)
             answered = time.monotonic()
             for ((session_id, _), future), result in zip(batch, results):
                 if future.done():
                     continue     # its stream went away; the commit stands (a retry replays it)
-                self.turnarounds.verdict_sent(session_id, answered)
+                self.rule.turnarounds.verdict_sent(session_id, answered)
                 if isinstance(result, EdgespecError):
                     future.set_exception(result)
                 else:
@@ -219,31 +251,16 @@ class VerifyScheduler:
         return self.engine.verify_batch(requests), self.engine.usage()
 
     async def _gather(self) -> None:
-        """Wait while more open sessions could still add a window: for at most the budget (wait_fraction of a
-        forward, capped at wait_seconds), and for windows due within one forward that are worth a wait
-        (Turnarounds.wait_for) until they have come."""
-        now, forward, awaited = time.monotonic(), self._batch_seconds, []
-        budget = self.policy.wait_seconds
-        if forward is not None:
-            budget = min(budget, self.policy.wait_fraction * forward)
-        budget_end = deadline = now + budget
-        if forward is not None:
-            self.turnarounds.forget_older_than(now - max(1.0, 10 * forward))
-            queued = [(session_id, len(w.draft) + 1) for (session_id, w), _ in self._queue]
-            due = self.turnarounds.wait_for(now, min(self.policy.wait_seconds, forward), queued,
-                                            lambda tokens: curve_seconds(self.forward_curve, tokens, low=True))
-            if due is not None and due[0] > deadline:
-                deadline, awaited = due
+        """Wait while more open sessions could still add a window, as the GatherRule says."""
+        queued = [(session_id, len(w.draft) + 1) for (session_id, w), _ in self._queue]
+        budget_end, deadline, awaited = self.rule.plan(time.monotonic(), queued)
         while len(self._queue) < min(self.policy.max_batch, self.streams):
             now = time.monotonic()
-            if awaited and now >= budget_end and self.turnarounds.arrived(awaited):
-                return
-            left = deadline - now
-            if left <= 0:
+            if self.rule.done_waiting(now, budget_end, awaited) or deadline <= now:
                 return
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
+                await asyncio.wait_for(self._arrived.wait(), deadline - now)
             except asyncio.TimeoutError:
                 return
 

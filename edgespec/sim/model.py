@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from edgespec.control.sample import RoundSample
-from edgespec.control.goodput import curve_seconds
 from edgespec.control.telemetry import Telemetry
-from edgespec.engines.batching import Turnarounds
+from edgespec.engines.batching import GatherRule
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
 from edgespec.loop.session import SessionLog
@@ -145,9 +144,8 @@ class Verifier:
     (edgespec.engines.batching.VerifyScheduler): once it could start a forward it waits while fewer windows
     wait than min(max_batch, sessions open on it), for at most `batch_wait` seconds and at most
     `wait_fraction` of its forward time (EMA; 0 = no such cap), and for windows due within one forward by
-    their sessions' turnarounds when that saves forward time (edgespec.engines.batching.Turnarounds, the
-    same code). A batch costs the
-    profile's batch_seconds."""
+    their sessions' turnarounds when that saves forward time (edgespec.engines.batching.GatherRule, the same
+    code). A batch costs the profile's batch_seconds."""
 
     def __init__(self, name: str, profile: CostProfile, max_batch: int = 1, batch_wait: float = 0.0,
                  gather: str = "oldest", wait_fraction: float = 0.0):
@@ -161,16 +159,14 @@ class Verifier:
         self.busy_seconds = 0.0
         self.batch_sizes = array("i")
         self.windows = 0
-        self._forward_ema: float | None = None
-        self.turnarounds = Turnarounds()
-        self.forward_curve: dict[int, float] = {}
+        self.rule = GatherRule(batch_wait, wait_fraction if wait_fraction > 0 else math.inf)
         self._wake: asyncio.Future | None = None
         self._waiting_for = 0             # queue length that wakes the loop
 
     def submit(self, job: Job) -> None:
         job.arrived = asyncio.get_running_loop().time()
         if self.gather == "verifier":
-            self.turnarounds.window_arrived(job.session, job.arrived, job.tokens)
+            self.rule.turnarounds.window_arrived(job.session, job.arrived, job.tokens)
         self.queue.append(job)
         wake = self._wake
         if wake is not None and len(self.queue) >= self._waiting_for and not wake.done():
@@ -189,17 +185,8 @@ class Verifier:
         if self.gather == "oldest":
             end = self.queue[0].arrived + self.batch_wait
             return self.max_batch, end, end, []
-        budget, forward = self.batch_wait, self._forward_ema
-        deadline = now + budget
-        if forward is not None:
-            if self.wait_fraction > 0:
-                deadline = now + min(budget, self.wait_fraction * forward)
-            queued = [(job.session, job.tokens) for job in self.queue]
-            due = self.turnarounds.wait_for(now, min(self.batch_wait, forward), queued,
-                                            lambda tokens: curve_seconds(self.forward_curve, tokens, low=True))
-            if due is not None and due[0] > deadline:
-                return min(self.max_batch, max(1, self.streams)), deadline, due[0], due[1]
-        return min(self.max_batch, max(1, self.streams)), deadline, deadline, []
+        return (min(self.max_batch, max(1, self.streams)),
+                *self.rule.plan(now, [(job.session, job.tokens) for job in self.queue]))
 
     async def run(self) -> None:
         """Serve batches until cancelled."""
@@ -211,9 +198,7 @@ class Verifier:
                 target, budget_end, deadline, awaited = self._gather_plan(loop.time())
                 while len(queue) < target:
                     now = loop.time()
-                    if awaited and now >= budget_end and self.turnarounds.arrived(awaited):
-                        break
-                    if deadline - now <= 0:
+                    if self.rule.done_waiting(now, budget_end, awaited) or deadline <= now:
                         break
                     await self._sleep(len(queue) + 1 if awaited else target, deadline - now)
             self._wake = None
@@ -227,13 +212,11 @@ class Verifier:
             self.busy_seconds += cost
             self.batch_sizes.append(len(batch))
             self.windows += len(batch)
-            self._forward_ema = cost if self._forward_ema is None else 0.8 * self._forward_ema + 0.2 * cost
-            old = self.forward_curve.get(total)   # as measured, the way the real scheduler learns it
-            self.forward_curve[total] = cost if old is None else 0.7 * old + 0.3 * cost
+            self.rule.forward_done(total, cost)   # as measured, the way the real scheduler learns it
             await asyncio.sleep(cost)
             for j in batch:
                 if self.gather == "verifier":
-                    self.turnarounds.verdict_sent(j.session, loop.time())
+                    self.rule.turnarounds.verdict_sent(j.session, loop.time())
                 j.done.set_result(None)
 
 

@@ -344,7 +344,7 @@ def test_the_wait_for_more_windows_is_a_fraction_of_a_forward():
     async def waited(batch_seconds: float | None, streams: int) -> float:
         scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"),
                                     BatchPolicy(max_batch=8, wait_seconds=5.0, wait_fraction=0.25))
-        scheduler._batch_seconds, scheduler.streams = batch_seconds, streams
+        scheduler.rule.forward_ema, scheduler.streams = batch_seconds, streams
         scheduler._queue.append((("s", Window(0, 1, ())), asyncio.get_running_loop().create_future()))
         started = asyncio.get_running_loop().time()
         await scheduler._gather()
@@ -364,9 +364,9 @@ def test_windows_due_within_a_forward_are_waited_for_when_that_saves_verifier_ti
     async def waited(sent_ago: float, turnaround: float, curve: dict) -> float:
         scheduler = VerifyScheduler(engine, ModelWorker("test-verifier"),
                                     BatchPolicy(max_batch=8, wait_seconds=5.0, wait_fraction=0.01))
-        scheduler._batch_seconds, scheduler.streams, scheduler.forward_curve = 0.8, 2, curve
-        scheduler.turnarounds.seconds["b"] = turnaround
-        scheduler.turnarounds.verdict_sent("b", time.monotonic() - sent_ago)
+        scheduler.rule.forward_ema, scheduler.streams, scheduler.rule.forward_curve = 0.8, 2, curve
+        scheduler.rule.turnarounds.seconds["b"] = turnaround
+        scheduler.rule.turnarounds.verdict_sent("b", time.monotonic() - sent_ago)
         scheduler._queue.append((("a", Window(0, 1, ())), asyncio.get_running_loop().create_future()))
         started = asyncio.get_running_loop().time()
         await scheduler._gather()
