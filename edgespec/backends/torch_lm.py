@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig
 
 from edgespec.backends.incremental import IncrementalLM
+from edgespec.backends.prefix_cache import PrefixCache
 from edgespec.verify.greedy import common_prefix_length
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,12 @@ class TorchCausalLM(IncrementalLM):
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.config.vocab_size)
         self.quantized = "none"
+        self.prefix_cache: PrefixCache | None = None   # prompts' KV blocks for later sessions (use_prefix_cache)
+
+    def use_prefix_cache(self, budget_bytes: int, block_tokens: int = 16) -> None:
+        """Keep the KV blocks of prefilled prompts (up to ``budget_bytes``) and start later prefills from the
+        longest stored prefix; 0 turns it off."""
+        self.prefix_cache = PrefixCache(budget_bytes, block_tokens) if budget_bytes else None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | None = None, dtype: str = "float32",
@@ -135,6 +142,55 @@ class TorchCausalLM(IncrementalLM):
         state.tokens.extend(feed)
         return out.logits[0].float()
 
+    @torch.inference_mode()
+    def prefill(self, state: KVState, tokens: Sequence[int]) -> None:
+        """Cache all but the last token of ``tokens`` in one forward, computing no logits. With a prefix cache,
+        start from the longest stored prefix of them and store the prompt's blocks afterwards.
+
+        Numerics: the positions after a stored prefix are computed with that prefix as the past, not in one
+        forward with it, which can differ in the last bits (a retried prompt is taken whole from the store, so
+        it is bitwise what its first prefill computed)."""
+        want = list(tokens[:-1])
+        if not want:
+            return
+        store = self.prefix_cache
+        if store is not None and not state.tokens and self._plain_cache(state.cache):
+            chain = store.match(want)
+            if chain:
+                state.cache, state.tokens = self._joined(chain), want[:chain[-1].end]
+        keep = common_prefix_length(state.tokens, want)
+        self.crop(state, keep)
+        if keep < len(want):
+            feed = want[keep:]
+            ids = torch.tensor([feed], dtype=torch.long, device=self.device)
+            positions = torch.arange(keep, keep + len(feed), device=self.device).unsqueeze(0)
+            try:
+                self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
+                           logits_to_keep=1)
+            except BaseException:
+                state.cache, state.tokens = DynamicCache(), []
+                raise
+            state.tokens.extend(feed)
+        if store is not None and self._plain_cache(state.cache):
+            store.store(want, keep, lambda start, end: self._kv_slice(state.cache, start, end))
+
+    @staticmethod
+    def _plain_cache(cache: DynamicCache) -> bool:
+        """Every layer a plain append-only cache (sliding-window or quantised layers are not sliced)."""
+        return all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers)
+
+    def _kv_slice(self, cache: DynamicCache, start: int, end: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        kv = [(layer.keys[:, :, start:end].clone(), layer.values[:, :, start:end].clone()) for layer in cache.layers]
+        return kv, sum(k.nbytes + v.nbytes for k, v in kv)
+
+    @staticmethod
+    def _joined(chain) -> DynamicCache:
+        cache = DynamicCache()
+        for index in range(len(chain[0].payload)):
+            cache.update(torch.cat([block.payload[index][0] for block in chain], dim=2),
+                         torch.cat([block.payload[index][1] for block in chain], dim=2), index)
+        return cache
+
     def _numpy(self, rows: torch.Tensor) -> np.ndarray:
         return rows.cpu().numpy()
 
@@ -167,7 +223,7 @@ class TorchCausalLM(IncrementalLM):
         for state, seq, last in zip(states, seqs, lasts):
             behind = len(seq) - min(common_prefix_length(state.tokens, seq), len(seq) - 1)
             if behind > last:
-                self.logits(state, seq[:len(seq) - last])   # catch up: cache all but the last ``last`` tokens
+                self.prefill(state, seq[:len(seq) - last + 1])   # catch up: cache all but the last ``last`` tokens
         width = max(lasts)
         batched = [i for i, seq in enumerate(seqs) if len(seq) >= width]
         results: list[np.ndarray | None] = [None] * len(seqs)

@@ -76,6 +76,9 @@ class Usage:
     sessions: int
     kv_bytes: int
     memory_evictions: int    # KV caches evicted to fit the KV budget
+    prefilled_tokens: int = 0      # prompt positions prefilled by open(), all sessions so far
+    prefix_cache_tokens: int = 0   # of those, taken from the prefix cache instead of computed
+    prefix_cache_bytes: int = 0    # bytes the prefix cache holds now
 
 
 @dataclass(slots=True)
@@ -98,6 +101,8 @@ class VerifierEngine:
         self._head: WeightHead | None = None   # the learned DIVERSED weight head, loaded on first use
         self.restores = 0                      # windows that re-prefilled an evicted cache
         self.memory_evictions = 0              # caches evicted to fit the KV budget
+        self.prefilled_tokens = 0              # prompt positions open() prefilled
+        self.prefix_cache_tokens = 0           # of those, taken from the target's prefix cache
 
     @property
     def session_count(self) -> int:
@@ -109,7 +114,9 @@ class VerifierEngine:
         return self.target.kv_bytes_per_token * sum(self.target.cached_length(s.kv) for s in self._sessions.values())
 
     def usage(self) -> Usage:
-        return Usage(len(self._sessions), self.kv_bytes, self.memory_evictions)
+        store = getattr(self.target, "prefix_cache", None)
+        return Usage(len(self._sessions), self.kv_bytes, self.memory_evictions, self.prefilled_tokens,
+                     self.prefix_cache_tokens, store.nbytes if store is not None else 0)
 
     def committed(self, session_id: str) -> list[int]:
         return list(self._get(session_id).committed)
@@ -134,7 +141,11 @@ class VerifierEngine:
             raise
         started = time.perf_counter()
         session = _Session(committed=list(tokens), kv=self.target.new_state(), params=params, last_used=self.clock())
+        store = getattr(self.target, "prefix_cache", None)
+        hits = store.hit_tokens if store is not None else 0
         self.target.prefill(session.kv, tokens)
+        self.prefilled_tokens += max(0, len(tokens) - 1)
+        self.prefix_cache_tokens += (store.hit_tokens if store is not None else 0) - hits
         self._sessions[session_id] = session
         return time.perf_counter() - started
 

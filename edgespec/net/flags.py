@@ -37,6 +37,7 @@ class ModelServiceConfig:
     security: ServerSecurity # TLS, auth, per-client limits
     observability: ObservabilityConfig  # metrics endpoint, OTLP export, log format and level
     llamacpp: "LlamaCppConfig"  # the llama.cpp backend's context (used with --backend llamacpp)
+    prefix_cache_bytes: int = 0  # torch backend: KV blocks of prompts kept for later sessions, bytes (0 = off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,12 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
     parser.add_argument("--max-session-tokens", type=int, default=8192,
                         help="largest committed length of a session, tokens (default %(default)s)")
     parser.add_argument("--grace", type=float, default=5.0, help="shutdown drain, seconds (default %(default)s)")
+    parser.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                        help="torch backend: keep the KV cache of prompts prefilled before, in blocks of 16 tokens, "
+                             "up to this many MiB (least recently used dropped), and start a session whose prompt "
+                             "begins with a stored prefix (a system prompt, a retried request, a re-opened "
+                             "session) from it instead of computing it again; 0 = off (default %(default)s). "
+                             "The llama.cpp backend shares live sessions' cells instead (--share-prefixes)")
     group = parser.add_argument_group("llama.cpp backend", "With --backend llamacpp: the GGUF model runs in one "
                                       "llama.cpp context; each session is a sequence of its unified KV cache, and "
                                       "windows of several sessions share one decode batch.")
@@ -222,7 +229,10 @@ def model_service_config(parser: argparse.ArgumentParser, args: argparse.Namespa
     if args.ctx_tokens < 256 or not 1 <= args.max_sequences <= 256:
         parser.error(f"--ctx-tokens must be >= 256 and --max-sequences in 1..256, got {args.ctx_tokens} and "
                      f"{args.max_sequences}")
+    if args.prefix_cache_mb < 0:
+        parser.error(f"--prefix-cache-mb must be >= 0 (0 = off), got {args.prefix_cache_mb}")
     return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,
                               args.max_window, args.max_session_tokens, args.grace, security_config(parser, args),
                               observability_config(parser, args), LlamaCppConfig(
-                                  args.ctx_tokens, args.max_sequences, args.share_prefixes))
+                                  args.ctx_tokens, args.max_sequences, args.share_prefixes),
+                              round(args.prefix_cache_mb * 2**20))

@@ -110,6 +110,11 @@ class VerifierMetrics:
             "edgespec.verifier.evictions", "{session}", "KV caches dropped, by reason (ttl | memory)")
         self.rejected_windows = m.create_counter(
             "edgespec.verifier.rejected_windows", "{window}", "windows refused, by reason (overload)")
+        self.prefill_tokens = m.create_counter(
+            "edgespec.verifier.prefill_tokens", "{token}",
+            "prompt positions prefilled, by source (computed | prefix_cache: taken from stored blocks)")
+        self.prefix_cache = m.create_gauge(
+            "edgespec.verifier.prefix_cache", "By", "bytes of KV cache held by the prefix cache")
 
     def batch(self, windows: int, tokens: int, seconds: float, waiting: int) -> None:
         """One target forward: ``windows`` windows of ``tokens`` tokens in ``seconds``; ``waiting`` still queued."""
@@ -127,6 +132,13 @@ class VerifierMetrics:
 
     def rejected(self, reason: str = "overload") -> None:
         self.rejected_windows.add(1, {"reason": reason})
+
+    def prefilled(self, computed: int, from_cache: int, cache_bytes: int) -> None:
+        if computed:
+            self.prefill_tokens.add(computed, {"source": "computed"})
+        if from_cache:
+            self.prefill_tokens.add(from_cache, {"source": "prefix_cache"})
+        self.prefix_cache.set(cache_bytes)
 
 
 class DrafterMetrics:

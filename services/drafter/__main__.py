@@ -111,6 +111,7 @@ def load_model(config: DrafterConfig):
         on_cpu = service.device == "cpu" or (service.device == "auto" and not torch.cuda.is_available())
         quantize = "int8" if on_cpu and service.dtype == "float32" else "none"
     lm = load_lm(service.model, service.device, service.dtype, quantize)
+    lm.use_prefix_cache(service.prefix_cache_bytes)
     if config.cross_tokenizer:
         from edgespec.backends.cross_tokenizer import wrap_for_target
         return wrap_for_target(lm, service.model, config.cross_tokenizer)

@@ -105,6 +105,7 @@ def load_target(config: VerifierConfig):
     if service.threads:
         torch.set_num_threads(service.threads)
     lm = load_lm(service.model, service.device, service.dtype)
+    lm.use_prefix_cache(service.prefix_cache_bytes)
     return lm, eos_ids(lm)
 
 

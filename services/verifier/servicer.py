@@ -34,6 +34,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.scheduler = scheduler
         self.metrics = metrics or VerifierMetrics()   # a no-op until the process installs a meter provider
         self._memory_evictions = 0                    # engine.usage().memory_evictions already counted
+        self._prefilled = (0, 0)                      # engine.usage() prefill counts already counted
         scheduler.on_batch = self._batch_done
         scheduler.on_reject = lambda: self.metrics.rejected("overload")
         self.owners = owners     # each session answers only to the client that opened it
@@ -125,6 +126,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         if usage.memory_evictions > self._memory_evictions:
             self.metrics.evicted("memory", usage.memory_evictions - self._memory_evictions)
             self._memory_evictions = usage.memory_evictions
+        prefilled = (usage.prefilled_tokens, usage.prefix_cache_tokens)
+        if prefilled != self._prefilled:
+            from_cache = prefilled[1] - self._prefilled[1]
+            self.metrics.prefilled(prefilled[0] - self._prefilled[0] - from_cache, from_cache, usage.prefix_cache_bytes)
+            self._prefilled = prefilled
 
 
 def register(servicer: VerifierServicer):

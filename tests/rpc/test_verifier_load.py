@@ -141,3 +141,32 @@ def test_idle_sessions_are_evicted_restored_and_then_forgotten(verifier):
     assert (verdict.accepted, verdict.next_token, verdict.committed_position) == (
         expected.verdict.accepted, expected.verdict.next_token, expected.committed_position)
     assert lost[0] == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("verifier", [[]], indirect=True)
+def test_a_shared_prompt_is_prefilled_once_and_the_verdicts_are_unchanged(verifier):
+    """The default prefix cache: three sessions open with the same 40-token prompt; the first computes it, the
+    others take it from the store (counted on /metrics), and every session gets the verdict an engine without
+    the cache gives."""
+    prompt = list(b"# shared system prompt for every user\nQ:")
+    reference = VerifierEngine(tiny(TARGET), [TINY_EOS])
+    reference.open("r", prompt)
+    expected = reference.verify("r", len(prompt), [5, 6, 7])
+
+    async def go():
+        async with grpc.aio.insecure_channel(verifier.address) as channel:
+            stub = verifier_pb2_grpc.VerifierStub(channel)
+            verdicts = []
+            for i in range(3):
+                await stub.OpenSession(pb.OpenSessionRequest(session_id=f"s{i}", tokens=prompt))
+                verdicts.append(await one_window(stub, f"s{i}", len(prompt), [5, 6, 7]))
+            return verdicts, scrape(verifier)
+
+    verdicts, metrics = asyncio.run(go())
+    positions = len(prompt) - 1
+    assert metrics[("edgespec_verifier_prefill_tokens_total", (("source", "computed"),))] == positions
+    assert metrics[("edgespec_verifier_prefill_tokens_total", (("source", "prefix_cache"),))] == 2 * positions
+    assert metrics[("edgespec_verifier_prefix_cache_bytes", ())] > 0
+    for verdict in verdicts:
+        assert (verdict.accepted, verdict.next_token, verdict.committed_position) == (
+            expected.verdict.accepted, expected.verdict.next_token, expected.committed_position)

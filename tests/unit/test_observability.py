@@ -369,6 +369,7 @@ def test_prometheus_names_are_the_documented_ones():
     verifier.sessions(open_sessions=3, kv_cache_bytes=1000)
     verifier.evicted("ttl")
     verifier.rejected()
+    verifier.prefilled(computed=40, from_cache=32, cache_bytes=4096)
     drafter.draft(3, 0.01)
     served = set(re.findall(r"^(edgespec_\w+?)(?:_bucket|_count|_sum)?(?:\{|\s)", generate_latest(registry).decode(),
                             re.MULTILINE))
