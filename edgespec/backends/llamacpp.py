@@ -11,7 +11,10 @@ the rest. A sequence id is taken on the first feed and given back when the state
 collected: the engines replace or forget states); ids are recycled on the model worker thread, the only
 thread that calls llama.cpp. With ``share_prefixes`` a state that starts empty shares the cells of the
 longest prefix (16 tokens or more) another live state holds — a system prompt, a chat template, a prompt
-many sessions send — instead of computing them again, as llama.cpp's server reuses its prompt cache.
+many sessions send — instead of computing them again, as llama.cpp's server reuses its prompt cache. The
+cells of dropped states are kept too (a quarter of the sequences at most, least recently used given back
+first, all of them when the context runs out of cells), so a retried request or a re-opened session shares
+them as well.
 
 Logits come back as float32 numpy rows over the full vocabulary, so the pure verification and sampling
 code is the same as for every other backend. Numerics: llama.cpp's kernels may group a sum differently
@@ -27,6 +30,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -116,7 +120,10 @@ class LlamaCppLM(IncrementalLM):
         self._live: weakref.WeakSet[SeqState] = weakref.WeakSet()   # states holding a sequence id
         self.share_prefixes = share_prefixes
         self.shared_tokens = 0                   # prompt tokens taken from another sequence's cells, not computed
-        self._released: list[int] = []          # ids of dropped states, cleared on the worker thread
+        # share_prefixes: cells of dropped states kept for later sessions, seq id -> tokens, least recent first
+        self._retained: OrderedDict[int, list[int]] = OrderedDict()
+        self.max_retained = max_sequences // 4 if share_prefixes else 0
+        self._released: list[tuple[int, list[int]]] = []   # (id, tokens) of dropped states, for the worker thread
         self._released_lock = threading.Lock()   # finalizers may run on any thread
         self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
         log.info("loaded %s with llama.cpp in %.1fs: %d threads, %d KV cells, %d sequences", path,
@@ -155,10 +162,13 @@ class LlamaCppLM(IncrementalLM):
         if state.seq_id is not None:
             return
         self._recycle()
+        if not self._free_ids and self._retained:
+            self._give_back(next(iter(self._retained)))
         if not self._free_ids:
             raise ContextFull(f"all {self.max_sequences} llama.cpp sequences are in use")
         state.seq_id = self._free_ids.pop()
-        weakref.finalize(state, self._release, state.seq_id)
+        # The finalizer holds the token list, not the state: the list is only ever changed in place.
+        weakref.finalize(state, self._release, state.seq_id, state.tokens)
         self._live.add(state)
 
     def _share_prefix(self, state: SeqState, seq: list[int], limit: int) -> None:
@@ -168,27 +178,46 @@ class LlamaCppLM(IncrementalLM):
         sequence removes only its own). At least MIN_SHARED_PREFIX tokens, at most ``limit`` (the positions
         whose logits are asked for, and at least the last one, are computed)."""
         best, length = None, MIN_SHARED_PREFIX - 1
-        for other in list(self._live):
-            if other is not state and other.tokens:
-                shared = min(common_prefix_length(other.tokens, seq), limit)
-                if shared > length:
-                    best, length = other, shared
+        donors = [(other.seq_id, other.tokens) for other in list(self._live) if other is not state and other.tokens]
+        for seq_id, tokens in [*donors, *self._retained.items()]:
+            shared = min(common_prefix_length(tokens, seq), limit)
+            if shared > length:
+                best, length = seq_id, shared
         if best is not None:
-            self._lib.llama_memory_seq_cp(self._memory, best.seq_id, state.seq_id, 0, length)
-            state.tokens = seq[:length]
+            self._lib.llama_memory_seq_cp(self._memory, best, state.seq_id, 0, length)
+            if best in self._retained:
+                self._retained.move_to_end(best)
+            state.tokens[:] = seq[:length]
             self.shared_tokens += length
 
-    def _release(self, seq_id: int) -> None:
+    def _release(self, seq_id: int, tokens: list[int]) -> None:
         with self._released_lock:
-            self._released.append(seq_id)
+            self._released.append((seq_id, tokens))
 
     def _recycle(self) -> None:
-        """Clear the cells of dropped states and make their ids free again (worker thread only)."""
+        """Keep the cells of dropped states for sharing (share_prefixes) or clear them, and make the ids of
+        those not kept free again (worker thread only)."""
         with self._released_lock:
             released, self._released = self._released, []
-        for seq_id in released:
-            self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
-            self._free_ids.append(seq_id)
+        for seq_id, tokens in released:
+            if self.max_retained and len(tokens) >= MIN_SHARED_PREFIX:
+                self._retained[seq_id] = list(tokens)
+            else:
+                self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+                self._free_ids.append(seq_id)
+        while len(self._retained) > self.max_retained:
+            self._give_back(next(iter(self._retained)))
+
+    def _give_back(self, seq_id: int) -> None:
+        """Clear a kept sequence's cells and free its id."""
+        del self._retained[seq_id]
+        self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        self._free_ids.append(seq_id)
+
+    @property
+    def retained_tokens(self) -> int:
+        """Cells held for dropped states (share_prefixes), tokens."""
+        return sum(len(tokens) for tokens in self._retained.values())
 
     # -- forward -----------------------------------------------------------------------------------
 
@@ -256,6 +285,10 @@ class LlamaCppLM(IncrementalLM):
                 wanted.append(f)
         batch.n_tokens = len(chunk)
         status = llama.llama_decode(self._ctx, batch)
+        if status == 1 and self._retained:   # no free cells: give back the kept ones and try once more
+            while self._retained:
+                self._give_back(next(iter(self._retained)))
+            status = llama.llama_decode(self._ctx, batch)
         if status == 1:
             raise ContextFull(f"no room in the llama.cpp context for {len(chunk)} more tokens "
                               f"({self.ctx_tokens} KV cells in all)")

@@ -139,7 +139,9 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
     group.add_argument("--share-prefixes", action="store_true",
                        help="a session that opens with a prefix of 16+ tokens another session holds (a system "
                             "prompt, a chat template, a retried request) takes that session's KV cells instead of "
-                            "computing them: prefill up to 5x faster for a shared prompt. The cells were computed in "
+                            "computing them: prefill up to 5x faster for a shared prompt. Closed sessions' cells are "
+                            "kept for it too (a quarter of --max-sequences at most, given back first when the "
+                            "context is full). The cells were computed in "
                             "the other session's batch, so greedy output may differ from one-session decoding at "
                             "a near-tie (measured in docs/benchmarks.md); off by default")
     add_security_flags(parser)

@@ -186,3 +186,32 @@ def test_a_prompt_another_session_holds_is_shared_not_recomputed(lm, sharing):
     before = lm.shared_tokens
     lm.logits_rows(short, prompt[:12] + [9], 1)            # under 16 tokens in common: computed, not shared
     assert lm.shared_tokens == before
+
+
+def test_a_closed_sessions_cells_are_kept_for_a_retry_and_given_back_when_needed(sharing):
+    """share_prefixes keeps the cells of dropped states (a quarter of the sequences): the same prompt after its
+    session closed is shared, not recomputed; past the quota the least recently used are given back; a context
+    out of cells gives them all back and goes on."""
+    import gc
+
+    lm = sharing
+    prompt = PROMPTS[0] + PROMPTS[1]
+    first = lm.new_state()
+    expected = lm.logits_rows(first, prompt + [5, 6], 2)
+    del first
+    gc.collect()
+    retry = lm.new_state()
+    before = lm.shared_tokens
+    rows = lm.logits_rows(retry, prompt + [5, 6], 2)
+    assert lm.shared_tokens - before == len(prompt) and np.array_equal(rows.argmax(-1), expected.argmax(-1))
+    del retry
+    for i in range(4):                                   # 8 sequences: at most 2 kept
+        state = lm.new_state()
+        lm.logits_rows(state, [i + 1] * 20 + prompt, 1)
+        del state
+        gc.collect()
+    lm.logits_rows(lm.new_state(), [1, 2, 3], 1)        # recycling happens on the worker's next attach
+    assert len(lm._retained) <= lm.max_retained == 2
+    big = lm.new_state()
+    lm.logits_rows(big, list(range(10, 10 + 1960)), 1)  # more cells than are free: the kept ones are given back
+    assert lm.retained_tokens == 0 and lm.cached_length(big) == 1960
