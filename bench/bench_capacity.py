@@ -21,6 +21,10 @@ alike:
           charges a window for the other sessions' windows it slows in a shared forward (load-aware)
   auto-blind  the same policy without the verdicts' batch reports: what it chose before it knew the load
   awc     the learned window controller (AwcWindow)
+  pipe=K  edge drafting with a fixed window of K, pipelined as the coordinator's --pipeline on does it: while a
+          window is in flight the device drafts the bonus guess and the next window assuming a full accept
+          (only what fits in the window's measured round trip) and sends it at once as an optimistic window;
+          if the verdict agrees it is already verified or on its way, else the verifier discards it unscored
 
 Reported per (RTT, N, mode): committed tokens/s over the decode phase, per-user TPOT p50/p99 (a session's
 decode wall / its tokens), the ratio to ar at the same RTT and N, acceptance and tokens per round, verifier
@@ -74,18 +78,23 @@ class SessionRun:
     windows: list[int] = field(default_factory=list)   # k per round
     accepted: int = 0
     compute_seconds: list[float] = field(default_factory=list)   # the verifier's forward time per round
+    lookaheads: int = 0    # pipe=K: optimistic windows sent
+    lookahead_hits: int = 0   # of those, whose assumption held (verified, not discarded)
     forwards: set = field(default_factory=set)   # (windows, tokens, seconds) of each forward its windows rode in
 
 
 def parse_mode(mode: str) -> int | None:
-    """ar -> 0, k=K -> K, the adaptive policies (auto, auto-blind, awc) -> None; ValueError for anything else."""
+    """ar -> 0, k=K and pipe=K -> K, the adaptive policies (auto, auto-blind, awc) -> None; ValueError for
+    anything else."""
     if mode == "ar":
         return 0
     if mode in ("auto", "auto-blind", "awc"):
         return None
-    if mode.startswith("k=") and mode[2:].isdigit() and 1 <= int(mode[2:]) <= MAX_K:
-        return int(mode[2:])
-    raise ValueError(f"mode {mode!r}: expected ar, auto, auto-blind, awc or k=1..k={MAX_K}")
+    for prefix in ("k=", "pipe="):
+        value = mode.removeprefix(prefix)
+        if mode.startswith(prefix) and value.isdigit() and 1 <= int(value) <= MAX_K:
+            return int(value)
+    raise ValueError(f"mode {mode!r}: expected ar, auto, auto-blind, awc, k=1..k={MAX_K} or pipe=1..pipe={MAX_K}")
 
 
 def policy_for(mode: str, costs: Telemetry):
@@ -192,6 +201,97 @@ async def decode(stub, session_id: str, base: int, reference: list[int], eos: fr
     return run
 
 
+@dataclass(slots=True)
+class _Sent:
+    position: int                 # where the window starts (committed tokens before it)
+    tokens: list[int]
+    parent: int | None            # optimistic: the assumed token at position - 1
+    sent: float
+
+
+async def decode_pipelined(stub, session_id: str, base: int, reference: list[int], eos: frozenset[int],
+                           choices: list[int], k: int, draft_seconds: float) -> SessionRun:
+    """pipe=K: one device running edgespec.loop.pipelining's loop with a fixed window K. While window w (at
+    position p, K tokens) is in flight it drafts K' + 1 more tokens (K' = K, less if only fewer fit in w's
+    measured round trip, as the real loop bounds it) assuming w fully accepted: the guess of the bonus token
+    (the draft's choice at p + K) and window w + 1 after it, sent at once as an optimistic window whose parent
+    is the guess. If w's verdict accepts all K and its next token is the guess, w + 1 is already verified or on
+    its way and becomes the current window; else the verifier discards w + 1 without scoring it and the device
+    drafts again from the committed position. The recorded choices are exact for a look-ahead that holds: its
+    assumed prefix is the reference."""
+    length, departed = len(reference), False
+    run, call, sent_seq = SessionRun(), stub.VerifyStream(), 0
+    unread: list[_Sent] = []          # windows sent whose verdicts are still to be read, in order
+    round_trip = None                 # EMA of a committed window's send -> verdict seconds
+
+    async def send(position: int, tokens: list[int], parent: int | None = None) -> _Sent:
+        nonlocal sent_seq
+        await call.write(verifier_pb2.Window(session_id=session_id, window_seq=sent_seq,
+                                             base_position=base + position, draft_tokens=tokens,
+                                             optimistic=parent is not None, parent_token=parent or 0))
+        sent_seq += 1
+        window = _Sent(position, tokens, parent, time.perf_counter())
+        unread.append(window)
+        return window
+
+    async def verdict_of(window: _Sent):
+        while True:
+            verdict = await call.read()
+            if verdict is grpc.aio.EOF:
+                raise RuntimeError(f"session {session_id}: the verifier ended the stream without a verdict")
+            if unread.pop(0) is window:
+                return verdict
+            # a dropped look-ahead's verdict (discarded): nothing to do
+
+    began = time.perf_counter()
+    current: _Sent | None = None
+    while len(run.generated) < length and not (run.generated and run.generated[-1] in eos):
+        if current is None:
+            position = len(run.generated)
+            size = 0 if departed else min(k, length - position - 1)
+            if size:
+                await asyncio.sleep(size * draft_seconds)
+            current = await send(position, choices[position:position + size])
+        follow, size = None, len(current.tokens)
+        after = current.position + size + 1         # committed length if current is fully accepted
+        ahead = min(k, length - after - 1)
+        if round_trip is not None:
+            ahead = min(ahead, int(round_trip / draft_seconds) - 1) if draft_seconds else ahead
+        if size and not departed and ahead >= 1 and not any(t in eos for t in current.tokens):
+            await asyncio.sleep((ahead + 1) * draft_seconds)
+            guess = choices[after - 1]
+            if guess not in eos:
+                follow = await send(after, choices[after:after + ahead], parent=guess)
+                run.lookaheads += 1
+        verdict = await verdict_of(current)
+        done = time.perf_counter()
+        if verdict.discarded:      # cannot happen for a look-ahead that was kept; fail loudly if it does
+            raise RuntimeError(f"session {session_id}: a look-ahead kept as current was discarded")
+        round_trip = done - current.sent if round_trip is None else 0.7 * round_trip + 0.3 * (done - current.sent)
+        run.windows.append(size)
+        run.accepted += verdict.accepted
+        run.compute_seconds.append(verdict.verify_compute_seconds)
+        if verdict.batch_windows:
+            run.forwards.add((verdict.batch_windows, verdict.batch_tokens, verdict.verify_compute_seconds))
+        run.generated += [*current.tokens[:verdict.accepted], verdict.next_token]
+        departed = departed or run.generated != reference[:len(run.generated)]
+        if follow is not None and verdict.accepted == size and verdict.next_token == follow.parent:
+            # Its assumption holds at the verifier, which verifies it (even if the output just departed from
+            # the reference: the device must follow what the verifier commits).
+            run.lookahead_hits += 1
+            current = follow
+        else:
+            current = None          # follow (if any) is discarded by the verifier; verdict_of skips its verdict
+    run.seconds = time.perf_counter() - began
+    await call.done_writing()
+    while unread:                   # the verdicts of look-aheads sent past the end
+        if await call.read() is grpc.aio.EOF:
+            break
+        unread.pop(0)
+    await call.code()
+    return run
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far, from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -210,9 +310,13 @@ async def run_sessions(address: str, prompts: list[list[int]], references: list[
         await asyncio.gather(*(open_session(stubs[i], ids[i], prompts[picks[i]]) for i in range(n)))
         before, cpu_before = scrape_batch_histogram(metrics_url), cpu_seconds(pid)
         began = time.perf_counter()
-        sessions = await asyncio.gather(*(
-            decode(stubs[i], ids[i], len(prompts[picks[i]]), references[picks[i]], eos, choices[picks[i]],
-                   mode, draft_seconds, costs) for i in range(n)))
+        if mode.startswith("pipe="):
+            devices = [decode_pipelined(stubs[i], ids[i], len(prompts[picks[i]]), references[picks[i]], eos,
+                                        choices[picks[i]], parse_mode(mode), draft_seconds) for i in range(n)]
+        else:
+            devices = [decode(stubs[i], ids[i], len(prompts[picks[i]]), references[picks[i]], eos, choices[picks[i]],
+                              mode, draft_seconds, costs) for i in range(n)]
+        sessions = await asyncio.gather(*devices)
         wall = time.perf_counter() - began
         cpu, after = cpu_seconds(pid) - cpu_before, scrape_batch_histogram(metrics_url)
         await asyncio.gather(*(stubs[i].CloseSession(verifier_pb2.CloseSessionRequest(session_id=ids[i]))
@@ -253,7 +357,17 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
             "verifier_cpu_seconds_per_1k_tokens": round(1000 * cpu / tokens, 2) if tokens else None,
             "batch_windows_mean": batch["mean"] if batch else None, "windows": windows,
             "forwards": {key: [c, round(ms, 2)] for key, (c, ms) in sorted(forwards.items())},
-            "mismatches": len(mismatches), "mismatch_details": mismatches, "error": None}
+            "mismatches": len(mismatches), "mismatch_details": mismatches, "error": None} | lookahead_stats(sessions)
+
+
+def lookahead_stats(sessions: list[SessionRun]) -> dict:
+    """pipe=K rows: look-aheads sent per committed round, and the share whose assumption held."""
+    sent = sum(s.lookaheads for s in sessions)
+    if not sent:
+        return {}
+    rounds = sum(len(s.windows) for s in sessions)
+    return {"lookaheads_per_round": round(sent / rounds, 3),
+            "lookahead_hit_rate": round(sum(s.lookahead_hits for s in sessions) / sent, 3)}
 
 
 def add_limits_and_ratios(rows: list[dict], draft_seconds: float) -> None:
@@ -261,13 +375,25 @@ def add_limits_and_ratios(rows: list[dict], draft_seconds: float) -> None:
     costs of the fixed-k rows (E(k) tokens per round, T(k) the verifier's mean forward with those windows):
       limit           max_k E(k) T(ar) / T(k): the verifier-bound ceiling (drafting free, the link ignored)
       limit_with_link max_k E(k) (RTT + T(ar)) / (RTT + k d + T(k)): sessions that wait for their own rounds,
-                      with the edge's draft time d per token"""
+                      with the edge's draft time d per token
+    pipe=K rows also get vs_blocking (over k=K's tokens/s) and pipeline_limit,
+    (RTT + K d + T(K)) / max(T(K), (K + 1) d): what pipelining could give over blocking if every look-ahead held
+    (draft and round trip hidden; a window per forward, or per look-ahead draft when drafting is slower)."""
     good = [r for r in rows if not r["error"]]
     for r in good:
         group = [g for g in good if g["rtt_ms"] == r["rtt_ms"] and g["sessions"] == r["sessions"]]
         ar = next((g for g in group if g["mode"] == "ar" and g["forward_ms_mean"]), None)
         r["vs_ar"] = round(r["tokens_per_second"] / ar["tokens_per_second"], 3) if ar else None
         fixed = [g for g in group if g["mode"].startswith("k=") and g["forward_ms_mean"]]
+        blocking = next((g for g in fixed if r["mode"].startswith("pipe=") and g["mode"] == "k=" + r["mode"][5:]),
+                        None)
+        if blocking is not None:
+            # Pipelining against blocking at the same K, and what it could give if every look-ahead held: the
+            # draft and the round trip hidden, a window per forward or per draft of K + 1 tokens, whichever is
+            # slower, instead of one per RTT + K d + T(K).
+            r["vs_blocking"] = round(r["tokens_per_second"] / blocking["tokens_per_second"], 3)
+            rtt, t_k, k = r["rtt_ms"] / 1000, blocking["forward_ms_mean"] / 1000, parse_mode(r["mode"])
+            r["pipeline_limit"] = round((rtt + k * draft_seconds + t_k) / max(t_k, (k + 1) * draft_seconds), 3)
         if not ar or not fixed:
             r["limit"] = r["limit_with_link"] = None
             continue
@@ -297,7 +423,8 @@ def table_line(row: dict) -> str:
 
     def show(value, spec=""):
         return "" if value is None else format(value, spec)
-    return (f"| {row['rtt_ms']} | {row['sessions']} | {row['mode']} | {row['tokens_per_second']:.2f} | "
+    mode = row["mode"] + (f" (look-ahead held {row['lookahead_hit_rate']:.0%})" if "lookahead_hit_rate" in row else "")
+    return (f"| {row['rtt_ms']} | {row['sessions']} | {mode} | {row['tokens_per_second']:.2f} | "
             f"{show(row.get('vs_ar'), '.2f')}{'x' if row.get('vs_ar') is not None else ''} | "
             f"{show(row.get('limit'), '.2f')}{' / ' if row.get('limit') is not None else ''}"
             f"{show(row.get('limit_with_link'), '.2f')} | "
@@ -337,7 +464,7 @@ def plot(rows: list[dict], path: Path) -> None:
             axis.set_xlabel("concurrent sessions N")
             axis.grid(alpha=0.3)
         axes[0][column].legend()
-    figure.suptitle("One verifier: edge drafting (k, auto) vs autoregressive serving (ar)")
+    figure.suptitle("One verifier: edge drafting (k=K fixed, pipe=K pipelined, auto) vs autoregressive serving (ar)")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -367,7 +494,7 @@ async def measure(service, metrics_url: str | None, config: argparse.Namespace, 
         proxy = DelayProxy(service.address, LinkProfile(rtt_ms=rtt)).start() if rtt else None
         address = proxy.address if proxy else service.address
         # One edge's coordinator per auto mode: its costs carry over between its sessions.
-        costs = {mode: Telemetry(max_k=MAX_K) for mode in ("auto", "auto-blind", *config.modes)}
+        costs = {mode: Telemetry(max_k=MAX_K) for mode in ("ar", "auto", "auto-blind", *config.modes)}
         try:
             for mode in ("ar", *(m for m in config.modes if m.startswith("auto"))):   # warm-up; auto's costs
                 await asyncio.wait_for(run_sessions(address, prompts, references, choices, 1, mode, draft_seconds,
@@ -407,7 +534,8 @@ def parse_list(parser: argparse.ArgumentParser, flag: str, text: str, kind=int) 
 
 def add_device_flags(parser: argparse.ArgumentParser, modes: str) -> None:
     """The flags of a bench that serves emulated edge devices from one verifier (this one and bench-regimes)."""
-    parser.add_argument("--modes", default=modes, help=f"of ar, k=1..k={MAX_K}, auto, auto-blind, awc "
+    parser.add_argument("--modes", default=modes, help=f"of ar, k=1..k={MAX_K}, pipe=1..pipe={MAX_K}, auto, "
+                        "auto-blind, awc "
                         "(default %(default)s)")
     parser.add_argument("--model", default="target", help="the verifier's --model (default %(default)s)")
     parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"],

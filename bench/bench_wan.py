@@ -6,9 +6,10 @@ One cluster with the default real pair; the verifier sits behind a WAN delay
 proxy (bench.wan) whose profile changes between settings, and its RTT
 is measured with gRPC health checks before each one. Two coordinators share the
 drafter and the verifier: one blocking, one pipelined. The "cloud" (verifier) and
-the "edge" (drafter, coordinators) are pinned to different cores with one torch
+the "edge" (drafter, coordinators) are pinned to different cores with one model
 thread each, so drafting ahead does not steal the verifier's compute as it
-would on one shared core pair.
+would on one shared core pair. --backend llamacpp runs both models as the GGUF
+files in llama.cpp (the engine people run on CPUs) instead of PyTorch.
 
 Cloud-only decoding (the target generates in the cloud and streams to the edge)
 pays the link once, not per token: it is measured as target-only decoding at
@@ -81,6 +82,8 @@ def main() -> None:
     parser.add_argument("--windows", default="2,4", help="windows to try per mode; the best is reported (default %(default)s)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per category (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="tokens per generation (default %(default)s)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp"],
+                        help="engine of the verifier and the drafter (default %(default)s)")
     parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
                         help="drafter quantization (default %(default)s: int8 on CPU). int8's dynamic activation "
                              "scales make drafts depend on how the cache was fed, a confound between modes")
@@ -94,10 +97,15 @@ def main() -> None:
 
     subprocess.run([sys.executable, "-m", "edgespec.ops.prepare"], cwd=REPO_ROOT, check=True)
     logs = Path(tempfile.mkdtemp(prefix="edgespec-bench-wan-"))
-    print(f"== cluster: verifier on cpu 1, drafter + coordinators on cpu 0, one torch thread each (logs {logs})",
-          flush=True)
+    print(f"== cluster ({args.backend}): verifier on cpu 1, drafter + coordinators on cpu 0, one model thread each "
+          f"(logs {logs})", flush=True)
     results: list[dict] = []
-    with LocalCluster(logs, verifier_args=["--threads", "1"], drafter_args=["--threads", "1", "--quantize", args.quantize],
+    if args.backend == "llamacpp":
+        verifier_args = ["--backend", "llamacpp", "--model", "target", "--threads", "1"]
+        drafter_args = ["--backend", "llamacpp", "--model", "draft", "--threads", "1"]
+    else:
+        verifier_args, drafter_args = ["--threads", "1"], ["--threads", "1", "--quantize", args.quantize]
+    with LocalCluster(logs, verifier_args=verifier_args, drafter_args=drafter_args,
                       coordinator_args=["--pipeline", "off"], link=LinkProfile(),
                       verifier_cpus="1", edge_cpus="0") as cluster:
         proxy = cluster.proxies[0]
@@ -132,7 +140,8 @@ def main() -> None:
                 row[mode] = {"best_window": best, **tried[best], "all": tried}
             row["pipelined_over_blocking"] = row["pipelined"]["tok_s"] / row["blocking"]["tok_s"]
             results.append(row)
-    report = {"date": time.strftime("%Y-%m-%d"), "max_new_tokens": args.max_new_tokens, "quantize": args.quantize,
+    report = {"date": time.strftime("%Y-%m-%d"), "max_new_tokens": args.max_new_tokens, "backend": args.backend,
+              "quantize": args.quantize if args.backend == "torch" else None,
               "prompts": [c for c, _ in prompts], "windows": windows, "results": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))

@@ -60,6 +60,19 @@ def test_every_mode_n_and_rtt_is_measured_and_exact(tmp_path):
     assert all(r["simulated_tokens_per_second"] > 0 for r in predicted)
 
 
+def test_pipelined_devices_send_look_aheads_that_hold_and_stay_exact(tmp_path):
+    """pipe=K: look-aheads go out while a window is in flight; with the draft equal to the target nearly all
+    hold, and the output is the target's greedy output (one session: deterministic)."""
+    code, report = run(tmp_path, "--tokens", "24", "--sessions", "1", "--rtt", "20", "--modes", "k=2,pipe=2")
+    blocking, pipelined = report["rows"]
+    assert code == 0 and pipelined["mode"] == "pipe=2" and pipelined["mismatches"] == 0
+    assert pipelined["lookaheads_per_round"] > 0.5 and pipelined["lookahead_hit_rate"] > 0.5
+    assert "lookahead_hit_rate" not in blocking
+    assert pipelined["vs_blocking"] > 0 and pipelined["pipeline_limit"] > 1
+    # A held look-ahead saves its window's draft time and round trip: fewer seconds for the same tokens.
+    assert pipelined["tokens"] == blocking["tokens"]
+
+
 def test_recorded_choices_are_the_draft_models_greedy_chain():
     """A window of k from position p, taken from the one-pass choices, is accepted exactly as far as the draft
     model's own greedy chain of k from that prefix (decoded token by token) would be."""
