@@ -73,8 +73,9 @@ def fit_costs(rows: list[dict], draft_seconds: float) -> tuple[CostProfile, floa
     return profile, error
 
 
-def policy_maker(mode: str, warm: Telemetry):
-    """telemetry -> the window policy of ``mode`` (auto and awc start from ``warm``'s costs)."""
+def policy_maker(mode: str, warm: Telemetry, awc_model=None):
+    """telemetry -> the window policy of ``mode`` (auto and awc start from ``warm``'s costs; awc with
+    ``awc_model``'s weights, default the shipped ones)."""
     if mode == "ar":
         return lambda telemetry: FixedWindow(0)
     if mode.startswith("k="):
@@ -83,12 +84,14 @@ def policy_maker(mode: str, warm: Telemetry):
 
     def adaptive(telemetry: Telemetry):
         telemetry.start_from(warm)
-        return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
+        if mode == "awc":
+            return AwcWindow(telemetry, awc_model, max_k=MAX_K) if awc_model else AwcWindow(telemetry, max_k=MAX_K)
+        return GoodputWindow(telemetry, max_k=MAX_K)
     return adaptive
 
 
 def simulate(profile: CostProfile, prompts: list[dict], batch: dict, rtt_ms: float, sessions: int, mode: str,
-             warm: Telemetry) -> dict:
+             warm: Telemetry, awc_model=None) -> dict:
     """One row of the run in the simulator: tokens/s over all sessions, windows per forward; ``warm`` absorbs
     the sessions as they finished (as the bench's coordinator-wide telemetry does)."""
     devices = [DeviceSpec(link=LinkModel(rtt_ms / 1000), acceptance=lambda rng, now: [0.0] * MAX_K, requests=1,
@@ -96,7 +99,7 @@ def simulate(profile: CostProfile, prompts: list[dict], batch: dict, rtt_ms: flo
                for i in range(sessions)]
     pool = {"count": 1, "max_batch": batch["max_batch"], "batch_wait_ms": batch["batch_wait_ms"],
             "gather": "verifier", "wait_fraction": batch["wait_fraction"]}
-    sim = Simulation(profile, pool, devices, policy_maker(mode, warm), MAX_K, seed=1)
+    sim = Simulation(profile, pool, devices, policy_maker(mode, warm, awc_model), MAX_K, seed=1)
     sim.run()
     records = sim.records
     end, device = np.frombuffer(records.end, dtype=np.float64), np.frombuffer(records.device, dtype=np.int32)
@@ -138,6 +141,37 @@ def predict(run: dict, tolerance: float) -> tuple[CostProfile, float, list[dict]
                         "measured_batch_windows": row.get("batch_windows_mean"),
                         "simulated_batch_windows": round(got["batch_windows_mean"], 2)})
     return profile, fit_error, out
+
+
+COMPARED = ("ar", "k=1", "k=2", "k=4", "auto", "awc")
+
+
+def compare_policies(run: dict, profile: CostProfile, awc_model=None) -> tuple[list[dict], str]:
+    """Every mode of COMPARED simulated at every (RTT, N) of the run, measured or not: each adaptive policy's
+    tokens/s over the better of ar and the best fixed window, per cell and as a geometric mean."""
+    rows = [r for r in run["rows"] if not r.get("error")]
+    cells = []
+    for rtt in sorted({r["rtt_ms"] for r in rows}):
+        warm = {mode: Telemetry(max_k=MAX_K) for mode in ("auto", "awc")}
+        for mode, telemetry in warm.items():
+            simulate(profile, run["prompts"], run["verifier_batch"], rtt, 1, mode, telemetry, awc_model)
+        for n in sorted({r["sessions"] for r in rows}):
+            speed = {mode: simulate(profile, run["prompts"], run["verifier_batch"], rtt, n, mode,
+                                    warm.get(mode, Telemetry(max_k=MAX_K)), awc_model)["tokens_per_second"]
+                     for mode in COMPARED}
+            best = max(v for m, v in speed.items() if m not in ("auto", "awc"))
+            cells.append({"rtt_ms": rtt, "sessions": n, **{m: round(v, 3) for m, v in speed.items()},
+                          **{f"{m}_vs_best": round(speed[m] / best, 3) for m in ("auto", "awc")}})
+    lines = ["| RTT ms | N | " + " | ".join(COMPARED) + " | auto / best | awc / best |",
+             "|---" * (len(COMPARED) + 4) + "|"]
+    for c in cells:
+        lines.append(f"| {c['rtt_ms']:g} | {c['sessions']} | " + " | ".join(f"{c[m]:.2f}" for m in COMPARED) +
+                     f" | {c['auto_vs_best']:.2f} | {c['awc_vs_best']:.2f} |")
+    for mode in ("auto", "awc"):
+        ratios = np.array([c[f"{mode}_vs_best"] for c in cells])
+        lines.append(f"\n{mode}: geometric mean {np.exp(np.log(ratios).mean()):.3f} of the better of ar and the "
+                     f"best fixed window; {int((ratios >= 0.97).sum())}/{len(ratios)} cells at 0.97 or more")
+    return cells, "\n".join(lines)
 
 
 def markdown(profile: CostProfile, fit_error: float, rows: list[dict], tolerance: float) -> str:
@@ -202,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows and the fitted profile here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
     parser.add_argument("--plot", type=Path, default=None, help="draw simulated against measured tokens/s here (PNG)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also simulate ar, k=1, k=2, k=4, auto and awc at every (RTT, N) of the run, measured "
+                             "or not, and report the adaptive policies against the better of ar and the best fixed "
+                             "window")
+    parser.add_argument("--awc-weights", type=Path, default=None,
+                        help="with --compare: the learned controller's weights (edgespec train-awc --out); default "
+                             "the shipped ones")
     args = parser.parse_args(argv)
     if not 0 < args.tolerance < 1:
         parser.error("--tolerance must be between 0 and 1")
@@ -217,6 +258,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgespec sim-capacity: {args.run}: {error}", file=sys.stderr)
         return 2
     text = markdown(profile, fit_error, rows, args.tolerance)
+    compared = None
+    if args.compare:
+        from edgespec.control.awc import Mlp
+        try:
+            model = Mlp.from_dict(json.loads(args.awc_weights.read_text())) if args.awc_weights else None
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--awc-weights {args.awc_weights}: {error}")
+        compared, table = compare_policies(run, profile, model)
+        text += "\n\nAll modes simulated at every cell (calibrated from this run):\n\n" + table
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": {"draft_seconds_per_token": profile.draft_seconds_per_token,
                         "forward_seconds_by_tokens": {str(t): round(s, 5) for t, s in profile.forward_points},
                         "batch_seq_overhead_seconds": round(profile.batch_seq_overhead_seconds, 5)},
-            "rows": rows}, indent=1))
+            "rows": rows, "compared": compared}, indent=1))
     return 0
 
 

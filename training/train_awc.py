@@ -9,6 +9,13 @@
    E(k) / (k t_draft + RTT + queue wait + t_verify(k)) for the scenario's TRUE parameters at that
    moment (acceptance per position, link RTT, batch the window rode in), which the policy never sees.
 3. Fit: features -> 32 -> 32 -> 1 (ReLU), L1 loss, AdamW, 100 epochs (torch, CPU).
+
+With --calibration CAPACITY.json (a bench-capacity run; repeatable), half of the scenarios run on cost curves
+measured rather than drawn: the verifier's forward time by tokens and per window that DSD-Sim fits to the
+run (bench.sim_capacity.fit_costs), each scaled by 0.8-1.25 (the draft time separately), behind the run's own
+batching rule (gather "verifier", its max batch, wait and wait fraction) with 1-32 devices. The drawn curves
+are smooth; a measured one need not be (llama.cpp on this CPU: ~30 ms per token up to 10 tokens, then flat to
+16), and a controller that never saw such a curve cannot learn where it pays.
 """
 from __future__ import annotations
 
@@ -47,6 +54,34 @@ class RandomWalk:
         pass
 
 
+def calibrated_profiles(paths: list[Path]) -> list[tuple[dict, dict]]:
+    """(profile, verifier settings) fitted to each bench-capacity run."""
+    from bench.sim_capacity import fit_costs
+
+    out = []
+    for path in paths:
+        run = json.loads(Path(path).read_text())
+        if "verifier_batch" not in run or "draft_ms_per_token" not in run:
+            raise ValueError(f"{path}: not a bench-capacity run with calibration data (rerun bench-capacity)")
+        profile, error = fit_costs([r for r in run["rows"] if not r.get("error")], run["draft_ms_per_token"] / 1000)
+        print(f"calibration {path}: forward fit RMS error {error:.1%}, {len(profile.forward_points)} sizes", flush=True)
+        batch = run["verifier_batch"]
+        out.append(({"draft_seconds_per_token": profile.draft_seconds_per_token,
+                     "forward_seconds_by_tokens": {str(t): s for t, s in profile.forward_points},
+                     "batch_seq_overhead_seconds": profile.batch_seq_overhead_seconds, "source": str(path)},
+                    {"count": 1, "max_batch": batch["max_batch"], "batch_wait_ms": batch["batch_wait_ms"],
+                     "gather": "verifier", "wait_fraction": batch["wait_fraction"]}))
+    return out
+
+
+def scaled(rng: random.Random, calibrated: tuple[dict, dict]) -> tuple[dict, dict]:
+    profile, verifiers = calibrated
+    scale, draft_scale = rng.uniform(0.8, 1.25), rng.uniform(0.8, 1.25)
+    return ({**profile, "draft_seconds_per_token": profile["draft_seconds_per_token"] * draft_scale,
+             "forward_seconds_by_tokens": {t: s * scale for t, s in profile["forward_seconds_by_tokens"].items()},
+             "batch_seq_overhead_seconds": profile["batch_seq_overhead_seconds"] * scale}, verifiers)
+
+
 def random_profile(rng: random.Random) -> dict:
     one_pass = 10 ** rng.uniform(-2, -0.3)               # 10 ms .. 500 ms
     kind = rng.choice(("cpu", "cpu", "mid", "gpu", "gpu"))
@@ -67,13 +102,18 @@ def random_acceptance(rng: random.Random):
     return {"alpha": rng.uniform(0.05, 0.97), "decay": rng.uniform(0.9, 1.0)}
 
 
-def random_scenario(rng: random.Random, seed: int) -> dict:
-    devices = 1 if rng.random() < 0.6 else rng.randint(2, 24)
+def random_scenario(rng: random.Random, seed: int, calibrated: list[tuple[dict, dict]] = ()) -> dict:
+    measured = bool(calibrated) and rng.random() < 0.5
+    devices = 1 if rng.random() < (0.3 if measured else 0.6) else rng.randint(2, 32 if measured else 24)
     requests = 3 if devices == 1 else 2
     rtt = rng.uniform(0, 200)
     link = {"rtt_ms": rtt, "jitter_ms": rng.uniform(0, 0.3) * rtt}
     acceptance = random_acceptance(rng)
-    profile = random_profile(rng)
+    if measured:
+        profile, verifiers = scaled(rng, rng.choice(calibrated))
+    else:
+        profile = random_profile(rng)
+        verifiers = {"count": 1, "max_batch": rng.choice((1, 4, 8)), "batch_wait_ms": rng.choice((0, 0, 2, 10))}
     # a typical request's duration, to place the drifts inside the trace
     span = requests * 128 * (float(profile["forward_seconds_by_tokens"]["1"]) + rtt / 1000) / 2
     if rng.random() < 0.3:
@@ -82,9 +122,7 @@ def random_scenario(rng: random.Random, seed: int) -> dict:
         acceptance["schedule"] = [[rng.uniform(0.2, 0.8) * span, random_acceptance(rng)]]
     return {"name": f"train-{seed}", "seed": seed, "profile": profile, "devices": devices,
             "requests_per_device": requests, "tokens_per_request": 128, "link": link, "acceptance": acceptance,
-            "start_spread_seconds": 2.0 if devices > 1 else 0.0,
-            "verifiers": {"count": 1, "max_batch": rng.choice((1, 4, 8)), "batch_wait_ms": rng.choice((0, 0, 2, 10))},
-            "max_k": MAX_K}
+            "start_spread_seconds": 2.0 if devices > 1 else 0.0, "verifiers": verifiers, "max_k": MAX_K}
 
 
 def behaviour(rng: random.Random, model: Mlp | None):
@@ -102,12 +140,13 @@ def behaviour(rng: random.Random, model: Mlp | None):
     return lambda t: AwcWindow(t, model, max_k=MAX_K)
 
 
-def traces(count: int, seed: int, model: Mlp | None = None) -> tuple[np.ndarray, np.ndarray]:
+def traces(count: int, seed: int, model: Mlp | None = None,
+           calibrated: list[tuple[dict, dict]] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(features [N, F], oracle window [N]) from `count` random scenarios."""
     rng = random.Random(seed)
     xs, ys = [], []
     for i in range(count):
-        scenario = random_scenario(rng, seed * 100_000 + i)
+        scenario = random_scenario(rng, seed * 100_000 + i, calibrated)
         holder: dict = {}
         waits: dict[int, list[float]] = {}
 
@@ -180,17 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dagger", type=int, default=1, help="extra data rounds with the AWC being trained as behaviour")
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--calibration", type=Path, action="append", default=[],
+                        help="a bench-capacity JSON whose measured costs half of the scenarios run on (repeatable)")
     args = parser.parse_args(argv)
+    try:
+        calibrated = calibrated_profiles(args.calibration)
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"--calibration: {error}")
     started = time.perf_counter()
-    x, y = traces(args.scenarios, args.seed)
+    x, y = traces(args.scenarios, args.seed, calibrated=calibrated)
     print(f"{len(x)} samples from {args.scenarios} scenarios in {time.perf_counter() - started:.0f} s", flush=True)
     spec = fit(x, y, args.epochs, args.seed)
     for round_ in range(args.dagger):
-        x2, y2 = traces(args.scenarios // 2, args.seed + 1 + round_, Mlp.from_dict(spec))
+        x2, y2 = traces(args.scenarios // 2, args.seed + 1 + round_, Mlp.from_dict(spec), calibrated)
         x, y = np.concatenate([x, x2]), np.concatenate([y, y2])
         print(f"dagger round {round_ + 1}: {len(x)} samples ({time.perf_counter() - started:.0f} s)", flush=True)
         spec = fit(x, y, args.epochs, args.seed)
-    xh, yh = traces(100, args.seed + 999)          # held-out scenarios, never trained on
+    xh, yh = traces(100, args.seed + 999, calibrated=calibrated)   # held-out scenarios, never trained on
     pred = np.clip(Mlp.from_dict(spec).batch(xh), 0, MAX_K)
     spec["held_out"] = {"scenarios": 100, "samples": int(len(xh)), "l1": round(float(np.abs(pred - yh).mean()), 4),
                         "exact": round(float((np.round(pred) == yh).mean()), 4),
@@ -199,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"held out: {spec['held_out']}", flush=True)
     spec["trained"] = {"scenarios": args.scenarios, "dagger": args.dagger, "epochs": args.epochs, "seed": args.seed,
                        "loss": "L1", "optimizer": "AdamW lr 3e-3 wd 1e-4, cosine", "max_k": MAX_K,
+                       "calibration": [str(p) for p in args.calibration],
                        "seconds": round(time.perf_counter() - started)}
     args.out.write_text(json.dumps(spec, separators=(",", ":")) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes) in {time.perf_counter() - started:.0f} s")

@@ -124,6 +124,25 @@ def test_the_cli_predicts_every_simulable_row_and_writes_json_plot_and_table(tmp
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "rows within 10%" in table.read_text()
 
 
+def test_compare_simulates_every_mode_at_every_cell_and_takes_other_awc_weights(tmp_path, capsys):
+    points = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 4), (4, 8), (4, 12), (4, 20)]
+    rows = [dict(forwards_row(points), mode="ar", sessions=n, tokens_per_second=20.0, batch_windows_mean=1.0)
+            for n in (1, 4)]                                 # only ar measured
+    path, out = calibration_run(tmp_path, rows), tmp_path / "sim.json"
+    assert sim_capacity.main([str(path), "--compare", "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["compared"]
+    assert [(c["rtt_ms"], c["sessions"]) for c in cells] == [(0, 1), (0, 4)]
+    for c in cells:
+        best = max(c[m] for m in ("ar", "k=1", "k=2", "k=4"))
+        assert c["auto_vs_best"] == pytest.approx(c["auto"] / best, abs=2e-3) and c["awc"] > 0
+    assert "auto: geometric mean" in capsys.readouterr().out
+    weights = tmp_path / "w.json"
+    weights.write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        sim_capacity.main([str(path), "--compare", "--awc-weights", str(weights)])
+    assert exit_info.value.code == 2 and "--awc-weights" in capsys.readouterr().err
+
+
 def test_a_run_that_is_not_json_is_refused(tmp_path, capsys):
     path = tmp_path / "run.json"
     path.write_text("not json")
