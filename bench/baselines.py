@@ -62,6 +62,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="also time target-only sampling at this temperature (0 = skip)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0 = all)")
+    parser.add_argument("--cost-curve", type=int, default=0,
+                        help="also time one target forward feeding n = 1..N tokens after the first prompt (the "
+                             "verifier's cost of a window of n - 1 or a tree of n - 1 nodes); 0 = skip")
     parser.add_argument("--coupled-seed", type=int, default=None,
                         help="also record target-only coupled sampling at --temperature with this seed "
                              "(the reference for coupled speculative sampling)")
@@ -104,8 +107,31 @@ def main() -> None:
             got = target_only_coupled(target.model, prompt, args.max_new_tokens, eos, params)
             rows.append(dict(system="target-only-coupled", category=category, prompt=index, window=0,
                              new_tokens=len(got), seed=args.coupled_seed, temperature=args.temperature, tokens=got))
+    curve = cost_curve(target, tokenizer.encode(prompts[0][1], True), args.cost_curve) if args.cost_curve else {}
     with open(args.out, "w") as sink:
-        json.dump(dict(eos=eos, rows=rows), sink)
+        json.dump(dict(eos=eos, rows=rows, cost_curve=curve), sink)
+
+
+def cost_curve(lm, prompt: list[int], largest: int, repeats: int = 3) -> dict[int, float]:
+    """Seconds of one target forward that feeds n tokens after ``prompt`` (logits for each, as the verifier
+    computes them), the median of ``repeats``, for n = 1..largest."""
+    import statistics
+
+    state = lm.new_state()
+    lm.prefill(state, prompt)
+    curve = {}
+    for n in range(1, largest + 1):
+        seq = prompt + [prompt[(i * 7) % len(prompt)] for i in range(n - 1)]
+        times = []
+        for _ in range(repeats):
+            lm.crop(state, len(prompt) - 1)
+            started = time.perf_counter()
+            lm.logits(state, seq)
+            times.append(time.perf_counter() - started)
+        curve[n] = statistics.median(times)
+        log.info("cost curve: a forward over %d tokens takes %.0f ms (%.2fx one token)", n, 1000 * curve[n],
+                 curve[n] / curve[1])
+    return curve
 
 
 if __name__ == "__main__":

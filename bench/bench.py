@@ -6,9 +6,14 @@
    target-only greedy with transformers generate() and its KV cache, and HF
    assisted generation (assistant_model=draft) at each window of --hf-windows.
 2. The three services on loopback with the default pair, for each drafter
-   quantization and each window of --windows, over the same prompts.
+   quantization and each window of --windows, over the same prompts; with
+   --tree-depths, also token-tree windows (a second coordinator with
+   --tree-depth D on the same drafter and verifier: the window's chain plus the
+   draft's runner-up at its first D positions, scored in one target pass).
 Every edgespec row records whether its tokens equal target-only's exactly.
-Speed is reported as ratios of aggregate tokens/s within this run.
+Speed is reported as ratios of aggregate tokens/s within this run. The child
+process also times one target forward over n = 1..--cost-curve tokens: c(n),
+the cost of a window or tree of n - 1 tokens over one step (OUT.cost.png).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import REPO_ROOT, LocalCluster
+from bench.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 
 log = logging.getLogger("edgespec.bench")
@@ -95,7 +100,18 @@ def main() -> None:
     parser.add_argument("--hf-windows", default="1,2,3", help="HF assisted windows (default %(default)s)")
     parser.add_argument("--quantize", default="none,int8", help="drafter quantizations to run (default %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all %d)" % len(PROMPTS))
+    parser.add_argument("--tree-depths", default="0,2",
+                        help="token-tree rows: runner-ups at this many positions per window (0 = chains only; "
+                             "default %(default)s)")
+    parser.add_argument("--cost-curve", type=int, default=16,
+                        help="time one target forward over n = 1..N tokens (0 = skip; default %(default)s)")
     args = parser.parse_args()
+    try:
+        depths = sorted({int(d) for d in args.tree_depths.split(",") if d.strip()} | {0})
+    except ValueError:
+        parser.error(f"--tree-depths: expected comma-separated depths 0..4, got {args.tree_depths!r}")
+    if not all(0 <= d <= 4 for d in depths) or args.cost_curve < 0:
+        parser.error("--tree-depths must be in 0..4 and --cost-curve >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prompts = PROMPTS[: args.limit] if args.limit else PROMPTS
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +122,8 @@ def main() -> None:
         log.info("phase 1/2: target-only and HF assisted baselines (child process)")
         subprocess.run([sys.executable, "-m", "bench.baselines", "--out", str(baseline_path),
                         "--max-new-tokens", str(args.max_new_tokens), "--hf-windows", args.hf_windows,
-                        "--limit", str(args.limit), "--temperature", str(args.temperature)], cwd=REPO_ROOT, check=True)
+                        "--limit", str(args.limit), "--temperature", str(args.temperature),
+                        "--cost-curve", str(args.cost_curve)], cwd=REPO_ROOT, check=True)
         baseline = json.loads(baseline_path.read_text())
     reference = {r["prompt"]: r["tokens"] for r in baseline["rows"] if r["system"] == "target-only"}
     rows = []
@@ -122,7 +139,15 @@ def main() -> None:
     for quantize in args.quantize.split(","):
         with LocalCluster(Path(tempfile.mkdtemp(prefix="edgespec-bench-")),
                           drafter_args=["--quantize", quantize], coordinator_args=["--max-window", "16"]) as cluster:
-            asyncio.run(run_edgespec(cluster.coordinator.address, "warm up", 8, 2))
+            coordinators = {0: cluster.coordinator.address}
+            for depth in depths[1:]:
+                tree = start_service("services.coordinator", [
+                    "--verifier", cluster.verifier.address, "--drafter", cluster.drafter.address, "--max-window", "16",
+                    "--tree-depth", str(depth)], cluster.log_dir, f"coordinator-tree{depth}")
+                cluster.services.append(tree)
+                coordinators[depth] = tree.address
+            for address in coordinators.values():
+                asyncio.run(run_edgespec(address, "warm up", 8, 2))
             draft_name = "fp32" if quantize == "none" else quantize
             for index, (category, text) in enumerate(prompts):
                 if args.temperature > 0 and quantize == args.quantize.split(",")[0]:
@@ -135,11 +160,14 @@ def main() -> None:
                                      mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
                                      drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
                                      identical_to_target=None, tokens=tokens))
-                for window in (-1 if w == "auto" else int(w) for w in args.windows.split(",")):
-                    tokens, seconds, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text,
+                for window, depth in ((w, d) for w in (-1 if w == "auto" else int(w) for w in args.windows.split(","))
+                                      for d in depths if w != 0 or d == 0):
+                    tokens, seconds, stats = asyncio.run(run_edgespec(coordinators[depth], text,
                                                                       args.max_new_tokens, window))
-                    config = f"edgespec k={'auto' if window < 0 else window} draft={draft_name}"
+                    tree = f" tree={depth}" if depth else ""
+                    config = f"edgespec k={'auto' if window < 0 else window}{tree} draft={draft_name}"
                     rows.append(dict(system="edgespec", config=config, category=category, prompt=index, window=window,
+                                     tree_depth=depth,
                                      quantize=quantize, new_tokens=len(tokens), seconds=seconds,
                                      tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
                                      mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
@@ -155,16 +183,18 @@ def main() -> None:
     exact = {k: v for k, v in greedy.items() if v["all"]["mismatches"] == 0}
     best_es = max(exact or greedy,
                   key=lambda k: summary[k]["all"]["tokens_per_second"])
-    best_hf = max((k for k in summary if k.startswith("hf-assisted")), key=lambda k: summary[k]["all"]["tokens_per_second"])
+    best_hf = max((k for k in summary if k.startswith("hf-assisted")), key=lambda k: summary[k]["all"]["tokens_per_second"],
+                  default=None)
     categories = sorted({c for c, _ in prompts})
     ratios = {
         "best_edgespec": best_es,
-        "best_hf_assisted": best_hf,
         "edgespec_vs_target": round(summary[best_es]["all"]["tokens_per_second"] / target_tps, 3),
-        "edgespec_vs_hf_assisted": round(summary[best_es]["all"]["tokens_per_second"]
-                                         / summary[best_hf]["all"]["tokens_per_second"], 3),
-        "hf_assisted_vs_target": round(summary[best_hf]["all"]["tokens_per_second"] / target_tps, 3),
     }
+    if best_hf is not None:   # --hf-windows "" runs none
+        ratios |= {"best_hf_assisted": best_hf,
+                   "edgespec_vs_hf_assisted": round(summary[best_es]["all"]["tokens_per_second"]
+                                                    / summary[best_hf]["all"]["tokens_per_second"], 3),
+                   "hf_assisted_vs_target": round(summary[best_hf]["all"]["tokens_per_second"] / target_tps, 3)}
     sampled = [k for k in summary if k.startswith("edgespec sampling")]
     if sampled:
         ratios["edgespec_sampling_vs_target_sampling"] = round(
@@ -174,11 +204,35 @@ def main() -> None:
         ratios[f"edgespec_vs_target[{category}]"] = round(
             summary[best_es][category]["tokens_per_second"] / summary["target-only (HF generate)"][category]["tokens_per_second"], 3)
     machine = dict(platform=platform.platform(), python=platform.python_version(), cpus=__import__("os").cpu_count())
+    curve = {int(n): s for n, s in baseline.get("cost_curve", {}).items()}
     table = markdown(summary, ratios, categories)
+    if curve:
+        table += ("\nc(n), one target forward over n tokens over one over 1 token (the cost of a window or tree of "
+                  "n - 1 tokens): " + ", ".join(f"{n}: {s / curve[1]:.2f}" for n, s in sorted(curve.items())) +
+                  f" (1 token: {1000 * curve[1]:.0f} ms)\n")
+        plot_cost_curve(curve, args.json.with_suffix(".cost.png"))
     args.json.write_text(json.dumps(dict(machine=machine, max_new_tokens=args.max_new_tokens, ratios=ratios,
-                                         summary=summary, rows=rows), indent=1))
+                                         summary=summary, cost_curve=curve, rows=rows), indent=1))
     (args.md or args.json.with_suffix(".md")).write_text(table)
     print(table)
+
+
+def plot_cost_curve(curve: dict[int, float], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(curve)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot(sizes, [curve[n] / curve[1] for n in sizes], "o-", label="measured c(n)")
+    axis.plot(sizes, sizes, ":", color="grey", label="n (no batching gain)")
+    axis.set_xlabel("tokens fed in one target forward (window or tree + 1)")
+    axis.set_ylabel("forward time / one-token forward")
+    axis.set_title(f"c(n) of the target (1 token = {1000 * curve[1]:.0f} ms)")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

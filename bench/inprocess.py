@@ -26,6 +26,10 @@ class InProcessDrafter:
         proposal = self.engine.draft(session_id, base_position, append, k)
         return proposal.tokens, proposal.q
 
+    async def draft_tree(self, session_id, base_position, append, k, depth):
+        proposal = self.engine.draft(session_id, base_position, append, k, depth)
+        return proposal.tokens, proposal.parents or list(range(-1, len(proposal.tokens) - 1))
+
     async def close(self, session_id):
         self.engine.close(session_id)
 
@@ -46,7 +50,7 @@ class InProcessVerifier:
     async def verify(self, session_id, window: Window) -> Verdict | None:
         await asyncio.sleep(0)   # a real port yields to the event loop; pipelining relies on it
         result = self.engine.verify(session_id, window.base_position, window.draft, window.q,
-                                    window.params_fingerprint, window.parent)
+                                    window.params_fingerprint, window.parent, window.parents)
         # what the gRPC verifier reports with a verdict: its compute time, and where it came from
         return None if result.verdict is None else replace(
             result.verdict, verify_compute_seconds=result.verify_compute_seconds, verifier=self.address)

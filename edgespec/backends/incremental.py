@@ -51,6 +51,21 @@ class IncrementalLM:
         """Positions the state's cache holds."""
         return len(state.tokens)
 
+    def tree_draft(self, state: Any, committed: Sequence[int], k: int, depth: int) -> tuple[list[int], list[int]]:
+        """A token tree (tokens, parents; edgespec.verify.tree): the greedy chain of k tokens after
+        ``committed``, then the runner-up token at each of its first ``depth`` positions, a sibling of the
+        chain's token there (free: the chain's forward computed it). The cache ends as greedy_draft's."""
+        seq, chain, siblings = list(committed), [], []
+        for j in range(k):
+            row = self.logits_rows(state, seq, 1)[0]
+            first, second = (int(t) for t in np.argsort(row)[::-1][:2])
+            chain.append(first)
+            if j < depth:
+                siblings.append(second)
+            seq.append(first)
+        parents = list(range(-1, k - 1)) + [j - 1 for j in range(len(siblings))]
+        return chain + siblings, parents
+
     def greedy_draft(self, state: Any, committed: Sequence[int], k: int) -> list[int]:
         """Propose k tokens greedily after ``committed`` (k forward calls).
 

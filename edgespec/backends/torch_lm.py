@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig
 from edgespec.backends.incremental import IncrementalLM
 from edgespec.backends.prefix_cache import PrefixCache
 from edgespec.verify.greedy import common_prefix_length
+from edgespec.verify.tree import TokenTree
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class KVState:
     """A KV cache and the exact tokens whose keys/values it holds."""
     cache: DynamicCache = field(default_factory=DynamicCache)
     tokens: list[int] = field(default_factory=list)
+    tree: tuple | None = None   # after tree_rows: (tree, per-layer keys and values of its nodes) for keep_path
 
 
 class TorchCausalLM(IncrementalLM):
@@ -113,6 +115,7 @@ class TorchCausalLM(IncrementalLM):
 
     def crop(self, state: KVState, length: int) -> None:
         """Keep the first ``length`` cached positions (no-op if already shorter)."""
+        state.tree = None   # a tree's nodes aside belong to the cache as it was
         drop = len(state.tokens) - length
         if drop > 0:
             state.cache.crop(-drop)  # transformers 5: negative = drop the last n
@@ -190,6 +193,53 @@ class TorchCausalLM(IncrementalLM):
             cache.update(torch.cat([block.payload[index][0] for block in chain], dim=2),
                          torch.cat([block.payload[index][1] for block in chain], dim=2), index)
         return cache
+
+    @torch.inference_mode()
+    def tree_rows(self, state: KVState, committed: Sequence[int], tree: TokenTree) -> np.ndarray:
+        """Logits after the last committed token (row 0) and after each node of ``tree`` (row 1 + i), from one
+        forward over [committed[-1], nodes...]: each node at position len(committed) - 1 + its depth, seeing
+        the cache, the root and its own ancestors only (an additive float mask; eager attention ignores a
+        boolean one silently). float32 [len(tree) + 1, vocab].
+
+        Afterwards the state holds ``committed`` exactly; the nodes' keys and values wait aside until
+        keep_path appends those of the accepted path (or the next call drops them)."""
+        if not committed:
+            raise ValueError("a tree grows from the last committed token: committed is empty")
+        state.tree = None
+        self.prefill(state, committed)            # the cache holds committed[:-1]
+        past = len(state.tokens)
+        allowed = torch.from_numpy(tree.attention()).to(self.device)
+        fed = len(tree) + 1
+        mask = torch.zeros(1, 1, fed, past + fed, dtype=self.dtype, device=self.device)
+        mask[0, 0, :, past:] = torch.where(allowed, 0.0, torch.finfo(self.dtype).min)
+        ids = torch.tensor([[committed[-1], *tree.tokens]], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[past + depth for depth in (0, *tree.depths())]], device=self.device)
+        try:
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=state.cache,
+                             use_cache=True)
+        except BaseException:
+            state.cache, state.tokens = DynamicCache(), []
+            raise
+        nodes = [(layer.keys[:, :, past + 1:], layer.values[:, :, past + 1:]) for layer in state.cache.layers]
+        state.cache.crop(-len(tree))              # the root stays: committed in full
+        state.tokens.append(committed[-1])
+        state.tree = (tree, nodes)
+        return out.logits[0].float().cpu().numpy()
+
+    def keep_path(self, state: KVState, path: Sequence[int]) -> None:
+        """After tree_rows: append the keys and values of the accepted ``path`` (node indices, root's child
+        first), as if its tokens had been fed one after another."""
+        if state.tree is None:
+            raise ValueError("keep_path needs a tree_rows call on this state first")
+        tree, nodes = state.tree
+        state.tree = None
+        if not path:
+            return
+        index = torch.tensor(list(path), dtype=torch.long, device=self.device)
+        for layer, (keys, values) in zip(state.cache.layers, nodes):
+            layer.keys = torch.cat([layer.keys, keys.index_select(2, index)], dim=2)
+            layer.values = torch.cat([layer.values, values.index_select(2, index)], dim=2)
+        state.tokens.extend(tree.tokens[i] for i in path)
 
     def _numpy(self, rows: torch.Tensor) -> np.ndarray:
         return rows.cpu().numpy()

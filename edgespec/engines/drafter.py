@@ -46,6 +46,7 @@ class Proposal:
     tokens: list[int]               # k proposed tokens
     q: list[SparseDist] | None      # what each was sampled from; None = deterministic (one-hot q)
     seconds: float                  # model time, seconds
+    parents: list[int] | None = None   # a token tree's parents (edgespec.verify.tree); None = a chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +104,25 @@ class DrafterEngine:
         session.last_used = self.clock()
         return position
 
-    def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int) -> Proposal:
-        """Set committed = committed[:base_position - len(append)] + append; propose k tokens.
+    def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int,
+              tree_depth: int = 0) -> Proposal:
+        """Set committed = committed[:base_position - len(append)] + append; propose k tokens (with
+        ``tree_depth``, a token tree: also the runner-up at each of the chain's first tree_depth positions).
 
         All checks run before any state changes.
         """
         session = self._get(session_id)
         if not 1 <= k <= self.limits.max_window:
             raise InvalidArgument("k", f"must be in 1..{self.limits.max_window}, got {k}")
+        if not 0 <= tree_depth <= k or k + tree_depth > self.limits.max_window:
+            raise InvalidArgument("tree_depth", f"must be in 0..k ({k}) with k + tree_depth <= "
+                                  f"{self.limits.max_window}, got {tree_depth}")
+        if tree_depth and not session.params.greedy:
+            raise InvalidArgument("tree_depth", "token trees are drafted for greedy sessions only (multi-draft "
+                                  "speculative sampling is not built)")
+        if tree_depth and not hasattr(self.model, "tree_draft"):
+            raise InvalidArgument("tree_depth", f"this drafter's backend ({type(self.model).__name__}) does not "
+                                  "draft token trees")
         check_token_ids("append", append, self.model.vocab_size)
         start = base_position - len(append)
         if base_position < 1 or start < 0:
@@ -122,6 +134,9 @@ class DrafterEngine:
         session.committed[start:] = append
         session.last_used, session.cached = self.clock(), True
         started = time.perf_counter()
+        if tree_depth:
+            tokens, parents = self.model.tree_draft(session.kv, session.committed, k, tree_depth)
+            return Proposal(tokens, None, time.perf_counter() - started, parents)
         if session.params.greedy:
             return Proposal(self.model.greedy_draft(session.kv, session.committed, k), None,
                             time.perf_counter() - started)

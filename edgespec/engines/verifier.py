@@ -25,6 +25,7 @@ from edgespec.engines.limits import check_draft_probs, check_prefix, check_sessi
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
+from edgespec.verify.tree import TokenTree, verify_tree_greedy
 from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class VerifierEngine:
 
     def verify(self, session_id: str, base_position: int, draft: Sequence[int],
                q: Sequence[SparseDist] = (), params_fingerprint: int = 0,
-               parent: int | None = None) -> WindowResult:
+               parent: int | None = None, parents: Sequence[int] = ()) -> WindowResult:
         """Score ``draft`` in one target pass and commit n + 1 tokens.
 
         q: the draft distributions (sampling sessions; empty = one-hot q).
@@ -166,7 +167,7 @@ class VerifierEngine:
         leaves the session exactly as it was.
         """
         [result] = self.verify_batch([(session_id, Window(0, base_position, tuple(draft), tuple(q),
-                                                          params_fingerprint, parent))])
+                                                          params_fingerprint, parent, tuple(parents)))])
         if isinstance(result, EdgespecError):
             raise result
         return result
@@ -203,6 +204,9 @@ class VerifierEngine:
                 results[i] = immediate
             else:
                 scored.append((i, session))
+        for i, session in [(i, s) for i, s in scored if requests[i][1].parents]:
+            scored.remove((i, session))
+            results[i] = self._verify_tree(session, requests[i][1])   # scored alone, one forward each
         if not scored:
             return
         started = time.perf_counter()
@@ -226,19 +230,61 @@ class VerifierEngine:
         for (i, session), logits in zip(scored, rows):
             results[i] = self._commit(session, requests[i][1], logits, seconds, len(scored), fed)
 
+    def _verify_tree(self, session: _Session, window: Window) -> WindowResult | EdgespecError:
+        """A tree window: every node scored in one target forward (the backend's tree_rows), the longest path
+        the target would take accepted, its keys and values kept."""
+        tree = window.tree
+        started = time.perf_counter()
+        try:
+            rows = self.target.tree_rows(session.kv, session.committed, tree)
+        except Exception as error:
+            log.exception("target forward over a tree of %d nodes failed", len(tree))
+            session.kv = self.target.new_state()
+            return error if isinstance(error, ResourceExhausted) else Unavailable(
+                f"target forward failed: {type(error).__name__}: {error}")
+        found = verify_tree_greedy(tree, np.argmax(rows, axis=-1).tolist(), self.eos_ids)
+        tokens = found.committed(tree)
+        logprob = committed_logprob(rows[[0, *(1 + j for j in found.path)]], tokens)
+        self.target.keep_path(session.kv, found.path)     # the cache: committed + the accepted path
+        session.committed.extend(tokens)
+        verdict = Verdict(found.accepted, found.next_token, target_logprob=logprob, path=found.path)
+        result = WindowResult(verdict, window.base_position, len(session.committed), time.perf_counter() - started,
+                              1, len(tree) + 1)
+        session.replies[window.base_position] = ((window.draft, window.q, window.parents), result)
+        while len(session.replies) > REPLAY_MEMORY:
+            session.replies.popitem(last=False)
+        return result
+
+    def _check_tree(self, session: _Session, window: Window) -> None:
+        try:
+            window.tree
+        except ValueError as error:
+            raise InvalidArgument("draft_parents", str(error)) from None
+        if not hasattr(self.target, "tree_rows"):
+            raise InvalidArgument("draft_parents", f"this verifier's backend ({type(self.target).__name__}) does not "
+                                  "score token trees; send chains (the torch backend scores trees)")
+        params = session.params
+        if not params.greedy or params.relaxation.lossy:
+            raise InvalidArgument("draft_parents", "tree windows are verified greedily only (multi-draft "
+                                  "speculative sampling is not built): send chains in sampling or relaxed sessions")
+        if window.parent is not None:
+            raise InvalidArgument("draft_parents", "a tree window cannot be optimistic (pipelined)")
+
     def _admit(self, session_id: str, window: Window) -> tuple[WindowResult | None, _Session]:
         """Check a window; the result if it needs no forward (discarded, replayed), else None."""
         session = self._get(session_id)
         optimistic = window.parent is not None
         self._check_window(session, window.base_position, window.draft, window.q, window.params_fingerprint,
                            optimistic)
+        if window.parents:
+            self._check_tree(session, window)
         session.last_used = self.clock()
         committed = len(session.committed)
         base = window.base_position
         if optimistic and (base > committed or (base == committed and session.committed[-1] != window.parent)):
             return WindowResult(None, base, committed, 0.0), session
         if base < committed:
-            return self._replay(session, base, (window.draft, window.q), optimistic), session
+            return self._replay(session, base, (window.draft, window.q, window.parents), optimistic), session
         self._make_room(committed + len(window.draft), keep=(session_id,))
         return None, session
 
@@ -262,7 +308,7 @@ class VerifierEngine:
         self.target.crop(session.kv, len(session.committed) - 1)
         result = WindowResult(verdict, window.base_position, len(session.committed),
                               forward_seconds + time.perf_counter() - started, batch_size, batch_tokens)
-        session.replies[window.base_position] = ((draft, q), result)
+        session.replies[window.base_position] = ((draft, q, window.parents), result)
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)
         return result

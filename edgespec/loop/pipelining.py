@@ -102,7 +102,7 @@ async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
         if drafted is None or drafted[0][0] in session.eos_ids:
             end_round(round_, "not sent: the drafter is down" if drafted is None else "not sent: EOS guessed")
             return None
-        tokens, q = drafted
+        tokens, q, _ = drafted
         follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])
         return _InFlight(follow, asyncio.ensure_future(rounds.verify(follow)), now(), now() - started, round_)
 

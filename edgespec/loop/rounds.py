@@ -35,7 +35,7 @@ from opentelemetry.trace import Span, SpanKind
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
-from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
+from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from edgespec.loop.session import SessionLog
 from edgespec.observe.tracing import SESSION_ID, tracer
 from edgespec.verify.greedy import Verdict
@@ -90,10 +90,13 @@ class Rounds:
 
     def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
-                 metrics: RoundSink | None = None, max_draft: int = 16):
+                 metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0):
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
+        # token trees: greedy sessions whose drafter port drafts them (turned off for good on the first refusal)
+        greedy = params.greedy and not params.relaxation.lossy
+        self.tree_depth = tree_depth if greedy and hasattr(drafter, "draft_tree") else 0
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (goodput, AWC)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
@@ -106,9 +109,9 @@ class Rounds:
         self.next_seq = 0
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
-               parent: int | None = None) -> Window:
+               parent: int | None = None, parents: Sequence[int] = ()) -> Window:
         self.next_seq += 1
-        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent)
+        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent, tuple(parents))
 
     def start_round(self, optimistic: bool = False) -> Span:
         """The span of one window's round, child of the current span (the generation); not made current."""
@@ -118,7 +121,20 @@ class Rounds:
         """Send ``window`` to the verifier port, in a "verify" span (the port carries its context to the verifier)."""
         with tracer().start_as_current_span("verify", kind=SpanKind.CLIENT,
                                             attributes={"edgespec.window_seq": window.seq}) as span:
-            verdict = await self.verifier.verify(self.session_id, window)
+            try:
+                verdict = await self.verifier.verify(self.session_id, window)
+            except InvalidArgument as error:
+                if not window.parents:
+                    raise
+                # The verifier does not score trees (its backend, or this session's decoding): chains from now
+                # on, and this window's main chain (its first tokens) now. Its verdict's n counts chain tokens.
+                log.warning("session %s: the verifier refused a token tree (%s); chains from now on",
+                            self.session_id, error)
+                self.tree_depth = 0
+                chain = next((i for i, p in enumerate(window.parents) if p != i - 1), len(window.parents))
+                verdict = await self.verifier.verify(self.session_id, Window(
+                    window.seq, window.base_position, window.draft[:chain], window.q[:chain],
+                    window.params_fingerprint, window.parent))
             if verdict is None:
                 span.set_attribute("edgespec.discarded", True)
             else:
@@ -127,8 +143,10 @@ class Rounds:
                                      "edgespec.queue_depth": verdict.queue_depth})
             return verdict
 
-    async def draft(self, k: int, speculative: Sequence[int] = ()) -> tuple[list[int], list[SparseDist] | None] | None:
-        """k tokens after the committed prefix + ``speculative``; None if the drafter is down.
+    async def draft(self, k: int, speculative: Sequence[int] = (),
+                    tree_depth: int = 0) -> tuple[list[int], list[SparseDist] | None, tuple[int, ...]] | None:
+        """(tokens, q, parents): k tokens after the committed prefix + ``speculative`` (with tree_depth, a token
+        tree: the parents of its tokens; () for a chain); None if the drafter is down.
 
         In a "draft" span, which covers (re)opening the drafter session when that comes first."""
         with tracer().start_as_current_span("draft", kind=SpanKind.CLIENT, attributes={"edgespec.k": k}) as span:
@@ -137,8 +155,20 @@ class Rounds:
                 return None
             session = self.session
             append = session.committed[self.drafter_synced:] + list(speculative)
+            base = session.position + len(speculative)
             try:
-                result = await self.drafter.draft(self.session_id, session.position + len(speculative), append, k)
+                if tree_depth:
+                    tokens, parents = await self.drafter.draft_tree(self.session_id, base, append, k, tree_depth)
+                    result = (tokens, None, tuple(parents))
+                else:
+                    result = (*await self.drafter.draft(self.session_id, base, append, k), ())
+            except InvalidArgument as error:
+                if not tree_depth:
+                    raise
+                log.warning("session %s: the drafter does not draft token trees (%s); chains from now on",
+                            self.session_id, error)
+                self.tree_depth = 0
+                return await self.draft(k, speculative)
             except DRAFTER_FAULTS as error:
                 self._drafter_fault(error)
                 span.set_attribute("edgespec.drafter_down", True)
@@ -263,10 +293,11 @@ async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
     drafter last drafted included), not (re)opening the drafter session: that is paid once per session,
     and costing it per drafted token would make the window policy stop drafting for good."""
     started, opening = now(), rounds.open_seconds
-    drafted = await rounds.draft(k) if k > 0 else None
-    draft, q = drafted if drafted is not None else ([], None)
+    depth = min(rounds.tree_depth, k, rounds.max_draft - k)
+    drafted = await rounds.draft(k, tree_depth=depth) if k > 0 else None
+    draft, q, parents = drafted if drafted is not None else ([], None, ())
     seconds = now() - started - (rounds.open_seconds - opening)
-    return rounds.window(rounds.session.position, draft, q), seconds if draft else 0.0
+    return rounds.window(rounds.session.position, draft, q, parents=parents), seconds if draft else 0.0
 
 
 @contextmanager

@@ -44,7 +44,7 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
                     telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
-                    max_draft: int = 16) -> AsyncIterator[Chunk]:
+                    max_draft: int = 16, tree_depth: int = 0) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -57,8 +57,12 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
     metrics: where each committed round's sample is counted (None: nowhere). Spans go to the global tracer.
     max_draft: the most tokens one draft call may ask for (the drafter's max_window); the pipelined
     look-ahead asks for its bonus guess and the next window in one call, so it drafts at most max_draft - 1.
+    tree_depth: greedy sessions in blocking rounds draft token trees (edgespec.verify.tree): the window's chain
+    plus the runner-up at each of its first tree_depth positions, all verified in one target pass, where both
+    the drafter and the verifier can (else chains). 0 = chains.
     """
-    rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft)
+    rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft,
+                    0 if pipeline else tree_depth)
     loop = pipelined if pipeline else _blocking
     while session.finish_reason is None:
         try:

@@ -46,26 +46,30 @@ class DrafterOpenResponse(_message.Message):
     def __init__(self, committed_position: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("session_id", "base_position", "append", "k")
+    __slots__ = ("session_id", "base_position", "append", "k", "tree_depth")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
+    TREE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     base_position: int
     append: _containers.RepeatedScalarFieldContainer[int]
     k: int
-    def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ...) -> None: ...
+    tree_depth: int
+    def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("tokens", "draft_seconds", "probs")
+    __slots__ = ("tokens", "draft_seconds", "probs", "parents")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_seconds: float
     probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., draft_seconds: _Optional[float] = ..., probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., draft_seconds: _Optional[float] = ..., probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CropRequest(_message.Message):
     __slots__ = ("session_id", "position")

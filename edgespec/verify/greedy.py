@@ -22,10 +22,12 @@ class Verdict:
     verifier: str = field(default="", compare=False)             # address of the verifier that gave it ("" = unknown)
     batch_windows: int = field(default=0, compare=False)         # windows in the forward that scored it (0 = unknown)
     batch_tokens: int = field(default=0, compare=False)          # tokens that forward fed, all windows (0 = unknown)
+    path: tuple[int, ...] = ()   # a tree window's accepted draft indices, root's child first; () = draft[:n]
 
     def committed(self, draft: Sequence[int]) -> list[int]:
-        """The tokens this verdict commits: draft[:n] + [next_token]."""
-        return [*draft[: self.accepted], self.next_token]
+        """The tokens this verdict commits: draft[:n] (a tree's: its accepted path) + [next_token]."""
+        accepted = [draft[i] for i in self.path] if self.path else draft[: self.accepted]
+        return [*accepted, self.next_token]
 
 
 def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int],

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgespec.verify.sampling import SparseDist
+from edgespec.verify.tree import TokenTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,3 +19,9 @@ class Window:
     q: tuple[SparseDist, ...] = () # sampling drafters: the distribution of each draft token (empty = one-hot)
     params_fingerprint: int = 0    # SamplingParams.fingerprint() the draft was made with
     parent: int | None = None      # optimistic: the assumed token at base_position - 1
+    parents: tuple[int, ...] = ()  # a token tree (edgespec.verify.tree): each draft token's parent; () = a chain
+
+    @property
+    def tree(self) -> TokenTree | None:
+        """The draft as a TokenTree when it is one (parents given), else None (ValueError if malformed)."""
+        return TokenTree(self.draft, self.parents) if self.parents else None

@@ -88,6 +88,11 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--pipeline", default="off", choices=["on", "off"],
                         help="on: while a window is being verified, draft the next one assuming full acceptance and "
                              "send it at once (hides the link RTT); off: one window at a time (default %(default)s)")
+    parser.add_argument("--tree-depth", type=int, default=0,
+                        help="greedy requests, blocking rounds: draft token trees — the window's chain plus the draft "
+                             "model's runner-up at each of its first N positions — and verify all of it in one target "
+                             "pass, accepting the longest path the target takes (torch verifier; with a verifier or "
+                             "drafter that cannot, chains); 0..4, 0 = chains (default %(default)s)")
     parser.add_argument("--on-verifier-loss", default="fail",
                         choices=["fail", "draft-only"],
                         help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
@@ -120,8 +125,11 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     if not verifiers or len(set(verifiers)) != len(verifiers):
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
     drafters = parse_drafters(parser, a.drafter)
+    if not 0 <= a.tree_depth <= 4:
+        parser.error(f"--tree-depth must be in 0..4, got {a.tree_depth}")
     generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
-                                  a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens)
+                                  a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens,
+                                  a.tree_depth)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
                              upstream_security, observability_config(parser, a), a.router_weights)

@@ -52,6 +52,14 @@ class GrpcDrafter:
             session_id=session_id, base_position=base_position, append=append, k=k))
         return list(reply.tokens), (dists_from_pb(reply.probs) or None)
 
+    async def draft_tree(self, session_id: str, base_position: int, append: Sequence[int], k: int,
+                         depth: int) -> tuple[list[int], list[int]]:
+        """A token tree: the chain of k tokens and the runner-ups at its first ``depth`` positions, with the
+        parent of each (edgespec.verify.tree)."""
+        reply = await self._call(self._stub.Draft, drafter_pb2.DraftRequest(
+            session_id=session_id, base_position=base_position, append=append, k=k, tree_depth=depth))
+        return list(reply.tokens), list(reply.parents) or list(range(-1, len(reply.tokens) - 1))
+
     async def close(self, session_id: str) -> None:
         await self._call(self._stub.CloseSession, drafter_pb2.DrafterCloseRequest(session_id=session_id))
 
@@ -99,7 +107,7 @@ class GrpcVerifier:
         return None if reply.discarded else Verdict(
             reply.accepted, reply.next_token, verify_compute_seconds=reply.verify_compute_seconds,
             queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address,
-            batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens)
+            batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens, path=tuple(reply.accepted_nodes))
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

@@ -48,10 +48,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         with _call_span("drafter.draft", request.session_id, context,
                         {"edgespec.k": request.k, "edgespec.base_position": request.base_position}) as span:
             proposal, _ = await self.worker.call(self.engine.draft, request.session_id, request.base_position,
-                                                 list(request.append), request.k)
+                                                 list(request.append), request.k, request.tree_depth)
             span.set_attribute("edgespec.draft_seconds", proposal.seconds)
         self.metrics.draft(len(proposal.tokens), proposal.seconds)
-        return pb.DraftResponse(tokens=proposal.tokens, draft_seconds=proposal.seconds, probs=dists_to_pb(proposal.q))
+        return pb.DraftResponse(tokens=proposal.tokens, draft_seconds=proposal.seconds, probs=dists_to_pb(proposal.q),
+                                parents=proposal.parents or ())
 
     async def Crop(self, request: pb.CropRequest, context):
         position, _ = await self.worker.call(self.engine.crop, request.session_id, request.position)

@@ -82,7 +82,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                           verify_compute_seconds=result.verify_compute_seconds, queue_depth=depth,
                           target_logprob=verdict.target_logprob if verdict else 0.0,
                           batch_windows=result.batch_size if verdict else 0,
-                          batch_tokens=result.batch_tokens if verdict else 0)
+                          batch_tokens=result.batch_tokens if verdict else 0,
+                          accepted_nodes=verdict.path if verdict else ())
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
         try:

@@ -1,0 +1,48 @@
+"""Token-tree windows through the real services (coordinator --tree-depth): greedy output equals target-only."""
+import asyncio
+
+import pytest
+
+from bench.cluster import LocalCluster
+from edge_client.client import generate
+from tests.tiny import target_only_greedy
+
+PROMPTS = ["def add(a, b):", "Speculative decoding is"]
+
+
+def collect(address, prompt, max_new, window, chat=False):
+    async def go():
+        tokens, stats = [], None
+        async for event in generate(address, prompt, max_new, window, chat=chat, timeout_seconds=300):
+            if event.HasField("chunk"):
+                tokens.extend(event.chunk.token_ids)
+            else:
+                stats = event.stats
+        return tokens, stats
+    return asyncio.run(go())
+
+
+def test_tree_windows_over_grpc_give_target_only_greedy_output(tmp_path):
+    target, draft = "tiny:3", "tiny:3~5"
+    with LocalCluster(tmp_path, verifier_args=["--model", target], drafter_args=["--model", draft],
+                      coordinator_args=["--tokenizer", "bytes", "--tree-depth", "2"]) as cluster:
+        for prompt in PROMPTS:
+            for window in (3, -1):
+                tokens, stats = collect(cluster.coordinator.address, prompt, 48, window)
+                assert tokens == target_only_greedy(target, list(prompt.encode()), 48), (prompt, window)
+                assert stats.accepted_tokens + stats.rounds == len(tokens)
+            # window 3 with two runner-ups: up to 5 tokens drafted per round, more than any chain of 3
+            tokens, stats = collect(cluster.coordinator.address, prompt, 48, 3)
+            assert stats.drafted_tokens > 3 * stats.rounds
+
+
+def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchanged(tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
+    llama = ["--backend", "llamacpp", "--model", "smollm2", "--threads", "1", "--ctx-tokens", "2048",
+             "--max-sequences", "4"]
+    with LocalCluster(tmp_path, verifier_args=llama, drafter_args=llama,
+                      coordinator_args=["--tree-depth", "2"]) as cluster:
+        reference, _ = collect(cluster.coordinator.address, "The capital of France is", 24, 0)
+        tokens, stats = collect(cluster.coordinator.address, "The capital of France is", 24, 3)
+        assert tokens == reference and stats.drafted_tokens > 0
+        assert "refused a token tree" in cluster.coordinator.log_path.read_text()

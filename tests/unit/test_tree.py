@@ -1,0 +1,225 @@
+"""Token trees: the pure rule and the torch backend's one-pass tree scoring (issue 19, first part)."""
+import numpy as np
+import pytest
+import torch
+
+from edgespec.backends.registry import tiny_lm
+from edgespec.verify.tree import ROOT, TokenTree, verify_tree_greedy
+
+PROMPT = list(range(30, 52))
+
+
+def test_a_tree_checks_its_shape():
+    tree = TokenTree((5, 6, 7, 8), (ROOT, 0, ROOT, 1))
+    assert tree.depths() == [1, 2, 1, 3] and tree.path(3) == [0, 1, 3] and not tree.is_chain
+    assert TokenTree.chain([5, 6, 7]).is_chain
+    assert tree.attention().tolist() == [
+        [True, False, False, False, False],   # root
+        [True, True, False, False, False],    # node 0 (child of the root)
+        [True, True, True, False, False],     # node 1 (child of 0)
+        [True, False, False, True, False],    # node 2 (child of the root): not node 0 or 1
+        [True, True, True, False, True]]      # node 3 (child of 1)
+    for tokens, parents in (((5, 6), (ROOT,)), ((5, 6), (ROOT, 1)), ((5, 6), (ROOT, -2)), ((5, 5), (ROOT, ROOT))):
+        with pytest.raises(ValueError):
+            TokenTree(tokens, parents)
+
+
+def test_greedy_accepts_the_longest_path_the_target_would_take():
+    # root -> 10 -> 11 -> 12 (main chain), with siblings 20 (of 10) and 21 (of 11)
+    tree = TokenTree((10, 11, 12, 20, 21), (ROOT, 0, 1, ROOT, 1))
+    # the target takes 20 after the root: the sibling's branch; nothing after 20 is drafted
+    assert verify_tree_greedy(tree, [20, 11, 12, 99, 7, 8]).committed(tree) == [20, 7]
+    # 10 then 21 (the sibling of 12) then the target's own 5
+    verdict = verify_tree_greedy(tree, [10, 11, 21, 99, 99, 5])
+    assert verdict.path == (0, 1, 4) and verdict.committed(tree) == [10, 11, 21, 5]
+    # the whole main chain and the bonus token
+    assert verify_tree_greedy(tree, [10, 11, 12, 3, 9, 9]).committed(tree) == [10, 11, 12, 3]
+    # nothing matches: the target's own token
+    assert verify_tree_greedy(tree, [4, 0, 0, 0, 0, 0]).committed(tree) == [4]
+    # an EOS is never accepted: it becomes the next token
+    assert verify_tree_greedy(tree, [10, 11, 12, 3, 9, 9], eos_ids={11}).committed(tree) == [10, 11]
+    # a chain is verified as verify_greedy verifies it
+    chain = TokenTree.chain([10, 11, 12])
+    assert verify_tree_greedy(chain, [10, 11, 7, 1]).committed(chain) == [10, 11, 7]
+    with pytest.raises(ValueError):
+        verify_tree_greedy(tree, [1, 2])
+
+
+def sequential_rows(lm, tokens, last):
+    state = lm.new_state()
+    return lm.logits_rows(state, tokens, last)
+
+
+def test_one_pass_over_a_tree_scores_every_node_as_sequential_decoding_would():
+    lm = tiny_lm("tiny:1")
+    tree = TokenTree((10, 11, 12, 20, 21, 22), (ROOT, 0, 1, ROOT, 1, 3))
+    state = lm.new_state()
+    rows = lm.tree_rows(state, PROMPT, tree)
+    assert rows.shape == (7, lm.vocab_size) and state.tokens == PROMPT
+    np.testing.assert_allclose(rows[0], sequential_rows(lm, PROMPT, 1)[0], atol=2e-5)
+    for node in range(len(tree)):
+        path_tokens = [tree.tokens[i] for i in tree.path(node)]
+        np.testing.assert_allclose(rows[1 + node], sequential_rows(lm, PROMPT + path_tokens, 1)[0], atol=2e-5)
+
+
+def test_keeping_the_accepted_path_leaves_the_cache_of_sequential_decoding():
+    lm = tiny_lm("tiny:2")
+    tree = TokenTree((10, 11, 12, 20, 21), (ROOT, 0, 1, ROOT, 3))
+    state = lm.new_state()
+    lm.tree_rows(state, PROMPT, tree)
+    lm.keep_path(state, [3, 4])                                   # the sibling branch 20 -> 21
+    assert state.tokens == PROMPT + [20, 21] and state.tree is None
+    reference = lm.new_state()
+    lm.logits(reference, PROMPT + [20, 21])                       # caches all of it
+    for mine, theirs in zip(state.cache.layers, reference.cache.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-4, rtol=0)
+        torch.testing.assert_close(mine.values, theirs.values, atol=1e-4, rtol=0)
+    # decoding goes on from it exactly as from the sequential cache
+    np.testing.assert_allclose(lm.logits_rows(state, PROMPT + [20, 21, 5, 6], 2),
+                               lm.logits_rows(reference, PROMPT + [20, 21, 5, 6], 2), atol=2e-5)
+    with pytest.raises(ValueError):
+        lm.keep_path(state, [0])                                  # the tree's nodes were dropped
+
+
+def test_greedy_tree_decoding_equals_target_only_decoding():
+    """Decode 24 tokens with trees drafted from a noisy copy of the target (top-2 at the first two depths):
+    the output is the target's own greedy output."""
+    target, draft = tiny_lm("tiny:3"), tiny_lm("tiny:3~5")
+    reference = list(PROMPT)
+    ref_state = target.new_state()
+    for _ in range(24):
+        reference.append(int(target.logits_rows(ref_state, reference, 1)[0].argmax()))
+    out, state, accepted = list(PROMPT), target.new_state(), 0
+    while len(out) < len(reference):
+        top = draft.logits_rows(draft.new_state(), out, 1)[0].argsort()[::-1]
+        first, second = int(top[0]), int(top[1])
+        chain = [first]
+        for _ in range(2):
+            chain.append(int(draft.logits_rows(draft.new_state(), out + chain, 1)[0].argmax()))
+        tree = TokenTree((*chain, second), (ROOT, 0, 1, ROOT))
+        rows = target.tree_rows(state, out, tree)
+        verdict = verify_tree_greedy(tree, rows.argmax(-1).tolist())
+        target.keep_path(state, verdict.path)
+        out += verdict.committed(tree)
+        accepted += verdict.accepted
+    assert out[:len(reference)] == reference and accepted > 0
+
+
+# -- engines and the round loop -----------------------------------------------------------------------------
+
+import asyncio  # noqa: E402
+
+from bench.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
+from edgespec.backends.registry import TINY_EOS  # noqa: E402
+from edgespec.control.window import FixedWindow  # noqa: E402
+from edgespec.engines.drafter import DrafterEngine  # noqa: E402
+from edgespec.engines.verifier import VerifierEngine  # noqa: E402
+from edgespec.errors import InvalidArgument  # noqa: E402
+from edgespec.loop.session import SessionLog  # noqa: E402
+from edgespec.loop.speculation import speculate  # noqa: E402
+from edgespec.verify.sampling import SamplingParams  # noqa: E402
+from tests.tiny import target_only_greedy, tiny  # noqa: E402
+
+
+class RecordingVerifier(InProcessVerifier):
+    """The in-process verifier port, keeping each window and verdict it passed on."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.seen = []
+
+    async def verify(self, session_id, window):
+        verdict = await super().verify(session_id, window)
+        self.seen.append((window, verdict))
+        return verdict
+
+
+def test_the_drafter_proposes_its_chain_and_runner_ups_as_a_tree():
+    drafter = DrafterEngine(tiny("tiny:3~5"))
+    drafter.open("s", PROMPT)
+    chain = drafter.draft("s", len(PROMPT), [], 3).tokens
+    proposal = drafter.draft("s", len(PROMPT), [], 3, tree_depth=2)
+    assert proposal.tokens[:3] == chain and proposal.parents == [ROOT, 0, 1, ROOT, 0]
+    TokenTree(tuple(proposal.tokens), tuple(proposal.parents))        # a valid tree: siblings differ
+    drafter.open("t", PROMPT, SamplingParams(temperature=0.8, seed=1), 4)
+    with pytest.raises(InvalidArgument, match="greedy sessions only"):
+        drafter.draft("t", len(PROMPT), [], 3, tree_depth=1)
+    with pytest.raises(InvalidArgument, match="tree_depth"):
+        drafter.draft("s", len(PROMPT), [], 2, tree_depth=3)
+
+
+def test_tree_rounds_give_target_only_output_and_accept_siblings():
+    prompt, new = list(b"def add(a, b):\n    return"), 40
+    target, draft = "tiny:3", "tiny:3~5"
+    verifier, drafter = VerifierEngine(tiny(target), [TINY_EOS]), DrafterEngine(tiny(draft))
+    port = RecordingVerifier(verifier)
+    log = SessionLog(prompt, new, frozenset({TINY_EOS}))
+
+    async def go():
+        verifier.open("s", prompt)
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=2):
+            pass
+
+    asyncio.run(go())
+    assert log.generated == target_only_greedy(target, prompt, new)
+    trees = [(w, v) for w, v in port.seen if w.parents]
+    assert trees and all(len(w.draft) == len(w.parents) for w, _ in trees)
+    assert any(i >= 3 for _, v in trees for i in v.path), "a runner-up was never the target's choice"
+
+
+def test_a_verifier_that_cannot_score_trees_or_a_sampling_session_refuses_them_and_changes_nothing():
+    verifier = VerifierEngine(tiny("tiny:3"), [TINY_EOS])
+    verifier.open("t", PROMPT, SamplingParams(temperature=0.8, seed=2))
+    with pytest.raises(InvalidArgument, match="greedily only"):
+        verifier.verify("t", len(PROMPT), [5, 6, 7], params_fingerprint=SamplingParams(temperature=0.8, seed=2)
+                        .fingerprint(), parents=[ROOT, 0, ROOT])
+    verifier.open("s", PROMPT)
+    for bad in ([ROOT, 0], [ROOT, 2, 0], [ROOT, ROOT, 5]):
+        with pytest.raises(InvalidArgument):
+            verifier.verify("s", len(PROMPT), [5, 6, 7], parents=bad)
+    with pytest.raises(InvalidArgument, match="repeats a sibling"):
+        verifier.verify("s", len(PROMPT), [5, 6, 5], parents=[ROOT, 0, ROOT])
+    assert verifier.committed("s") == PROMPT
+    result = verifier.verify("s", len(PROMPT), [5, 6, 7], parents=[ROOT, 0, ROOT])
+    again = verifier.verify("s", len(PROMPT), [5, 6, 7], parents=[ROOT, 0, ROOT])     # a replay
+    assert again == result and verifier.committed("s") == PROMPT + result.verdict.committed([5, 6, 7])
+
+
+def test_the_round_loop_falls_back_to_chains_when_the_verifier_refuses_trees():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
+    from edgespec.backends import llamacpp
+
+    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=2048, max_sequences=4)
+    try:
+        prompt, new = list(range(100, 130)), 16
+        verifier, drafter = VerifierEngine(lm, lm.eos_ids()), DrafterEngine(lm)
+        port = RecordingVerifier(verifier)
+        log = SessionLog(prompt, new, frozenset(lm.eos_ids()))
+
+        async def go():
+            verifier.open("s", prompt)
+            async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=2):
+                pass
+
+        asyncio.run(go())
+        reference = VerifierEngine(lm, lm.eos_ids())
+        reference.open("r", prompt)
+        out = []
+        while len(out) < new:
+            out += reference.verify("r", len(prompt) + len(out), []).verdict.committed([])
+        assert log.generated == out[:new] and not any(w.parents for w, _ in port.seen)
+    finally:
+        lm.close()
+
+
+def test_the_coordinators_tree_depth_flag(monkeypatch, capsys):
+    from services.coordinator.__main__ import parse_args
+
+    assert parse_args([]).generation.tree_depth == 0
+    assert parse_args(["--tree-depth", "2"]).generation.tree_depth == 2
+    monkeypatch.setenv("EDGESPEC_COORDINATOR_TREE_DEPTH", "3")
+    assert parse_args([]).generation.tree_depth == 3
+    for bad in ("-1", "5"):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--tree-depth", bad])
+        assert exit_.value.code == 2 and "--tree-depth must be in 0..4" in capsys.readouterr().err
