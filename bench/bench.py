@@ -100,18 +100,19 @@ def main() -> None:
     parser.add_argument("--hf-windows", default="1,2,3", help="HF assisted windows (default %(default)s)")
     parser.add_argument("--quantize", default="none,int8", help="drafter quantizations to run (default %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all %d)" % len(PROMPTS))
-    parser.add_argument("--tree-depths", default="0,2",
-                        help="token-tree rows: runner-ups at this many positions per window (0 = chains only; "
-                             "default %(default)s)")
+    parser.add_argument("--tree-depths", default="0,2,auto",
+                        help="token-tree rows: runner-ups at this many positions per window, or auto (the "
+                             "coordinator's --tree-depth auto); 0 = chains (default %(default)s)")
     parser.add_argument("--cost-curve", type=int, default=16,
                         help="time one target forward over n = 1..N tokens (0 = skip; default %(default)s)")
     args = parser.parse_args()
     try:
-        depths = sorted({int(d) for d in args.tree_depths.split(",") if d.strip()} | {0})
+        asked = [-1 if d.strip() == "auto" else int(d) for d in args.tree_depths.split(",") if d.strip()]
     except ValueError:
-        parser.error(f"--tree-depths: expected comma-separated depths 0..4, got {args.tree_depths!r}")
-    if not all(0 <= d <= 4 for d in depths) or args.cost_curve < 0:
-        parser.error("--tree-depths must be in 0..4 and --cost-curve >= 0")
+        parser.error(f"--tree-depths: expected comma-separated depths 0..4 or auto, got {args.tree_depths!r}")
+    depths = [0] + [d for d in dict.fromkeys(asked) if d != 0]
+    if not all(-1 <= d <= 4 for d in depths) or args.cost_curve < 0:
+        parser.error("--tree-depths must be in 0..4 or auto, and --cost-curve >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prompts = PROMPTS[: args.limit] if args.limit else PROMPTS
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,8 @@ def main() -> None:
             for depth in depths[1:]:
                 tree = start_service("services.coordinator", [
                     "--verifier", cluster.verifier.address, "--drafter", cluster.drafter.address, "--max-window", "16",
-                    "--tree-depth", str(depth)], cluster.log_dir, f"coordinator-tree{depth}")
+                    "--tree-depth", "auto" if depth < 0 else str(depth)], cluster.log_dir,
+                    f"coordinator-tree{'auto' if depth < 0 else depth}")
                 cluster.services.append(tree)
                 coordinators[depth] = tree.address
             for address in coordinators.values():
@@ -164,7 +166,7 @@ def main() -> None:
                                       for d in depths if w != 0 or d == 0):
                     tokens, seconds, stats = asyncio.run(run_edgespec(coordinators[depth], text,
                                                                       args.max_new_tokens, window))
-                    tree = f" tree={depth}" if depth else ""
+                    tree = f" tree={'auto' if depth < 0 else depth}" if depth else ""
                     config = f"edgespec k={'auto' if window < 0 else window}{tree} draft={draft_name}"
                     rows.append(dict(system="edgespec", config=config, category=category, prompt=index, window=window,
                                      tree_depth=depth,

@@ -43,6 +43,31 @@ def best_window(alphas: Sequence[float], draft_per_token: float, overhead: float
     return best_rate(alphas, draft_per_token, overhead, verify, max_k, min_k)[0]
 
 
+def tree_gain(alphas: Sequence[float], depth: int, beta: float) -> float:
+    """Tokens a tree adds to its chain's E(k) with runner-ups at the first ``depth`` positions: where the chain
+    reaches position j and is rejected there (prob prod_{i<j} alpha_i * (1 - alpha_j)), the target takes the
+    runner-up with probability ``beta``, which commits it and then the target's next token: one more."""
+    gain, reach = 0.0, 1.0
+    for j in range(min(depth, len(alphas))):
+        gain += reach * (1 - alphas[j]) * beta
+        reach *= alphas[j]
+    return gain
+
+
+def best_tree_depth(alphas: Sequence[float], k: int, beta: float, draft_per_token: float, overhead: float,
+                    forward: Callable[[int], float], max_depth: int) -> int:
+    """The runner-up depth d in [0, min(k, max_depth)] maximising (E(k) + tree_gain) / (k t_draft + overhead +
+    forward(k + 1 + d)), forward the verifier's time for a pass over that many tokens (siblings come free from
+    the chain's drafting); the smallest such d on a tie."""
+    base = expected_tokens(alphas, k)
+    best_d, best = 0, -1.0
+    for d in range(0, min(k, max_depth) + 1):
+        rate = (base + tree_gain(alphas, d, beta)) / max(1e-9, k * draft_per_token + overhead + forward(k + 1 + d))
+        if rate > best + 1e-12:
+            best_d, best = d, rate
+    return best_d
+
+
 def curve_seconds(curve: dict[int, float], tokens: float, low: bool = False) -> float | None:
     """A verifier's forward time for a forward that feeds ``tokens`` (all its windows), from measured forward times
     by tokens fed: measured sizes as measured, sizes between them interpolated, a size past the largest measured

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(slots=True, frozen=True)
 class RoundSample:
-    k: int                               # tokens drafted (window size); 0 = target-only round
+    k: int                               # tokens drafted on the window's chain (window size); 0 = target-only round
     accepted: int                        # n, draft tokens the verifier accepted (0 <= n <= k)
     draft_seconds: float                 # drafter time for the whole window
     verify_wall_seconds: float           # coordinator-measured verify round trip (wire + queue + forward)
@@ -23,6 +23,8 @@ class RoundSample:
     target_logprob: float = 0.0          # verifier-reported sum of log p (T=1) over the committed tokens
     batch_windows: int = 0               # verifier-reported windows in the forward that scored this one (0 = unknown)
     batch_tokens: int = 0                # verifier-reported tokens that forward fed, all windows (0 = unknown)
+    siblings: int = 0                    # a token tree: runner-up nodes drafted beside the chain (0 = a chain)
+    took_sibling: bool = False           # the accepted path went through one of them (its last node)
 
     @property
     def tokens(self) -> int:

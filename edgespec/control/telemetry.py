@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.control.goodput import best_rate, best_window, curve_seconds, expected_tokens, goodput
+from edgespec.control.goodput import (best_rate, best_tree_depth, best_window, curve_seconds, expected_tokens,
+                                      goodput)
 from edgespec.control.sample import RoundSample
 
 
@@ -100,6 +101,8 @@ class Telemetry:
     last_link: str = ""
     batch_windows: float = 0.0                                 # EMA of windows per verifier forward (0 = unreported)
     forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
+    sibling_chances: int = 0                                   # tree rounds whose chain stopped where a runner-up stood
+    sibling_hits: int = 0                                      # ... and the target took the runner-up
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -115,7 +118,8 @@ class Telemetry:
         link.add(sample.rtt)
         self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         if sample.verify_compute_seconds > 0:
-            if sample.batch_windows <= 1:   # a window's own cost: not a forward it shared with other sessions
+            # a window's own cost: not a forward it shared with other sessions, nor a tree's (more than k + 1 tokens)
+            if sample.batch_windows <= 1 and not sample.siblings:
                 self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k),
                                                      sample.verify_compute_seconds, s)
             if sample.batch_tokens > 0:
@@ -130,6 +134,11 @@ class Telemetry:
         k, n = sample.k, sample.accepted
         if k == 0:
             return
+        if sample.siblings and (n < sample.siblings or sample.took_sibling):   # a runner-up stood where it stopped
+            self.sibling_chances += 1
+            self.sibling_hits += sample.took_sibling
+            if sample.took_sibling:
+                n -= 1   # the chain itself was rejected at the sibling's depth: its acceptance counts that
         self.acceptance = _ema(self.acceptance, n / k, s)
         self.accepted_ema = _ema(self.accepted_ema, float(n), s)
         self.judged_ema = _ema(self.judged_ema, float(min(n + 1, k)), s)
@@ -160,6 +169,7 @@ class Telemetry:
         32 tokens has too few rounds to find it from a prior far off."""
         self.inherit_costs(coordinator)
         self.alpha = list(coordinator.alpha)
+        self.sibling_chances, self.sibling_hits = coordinator.sibling_chances, coordinator.sibling_hits
 
     def absorb(self, session: "Telemetry", weight: float = 0.3) -> None:
         """A finished session into the coordinator's telemetry: its costs replace the coordinator's (inherit_costs),
@@ -167,8 +177,21 @@ class Telemetry:
         self.inherit_costs(session)
         for j in range(min(session.judged_depth, len(self.alpha))):
             self.alpha[j] = (1 - weight) * self.alpha[j] + weight * session.alpha[j]
+        self.sibling_chances, self.sibling_hits = session.sibling_chances, session.sibling_hits   # started from ours
 
     # -- estimates -------------------------------------------------------------------------------
+
+    def tree_depth(self, k: int, max_depth: int) -> int:
+        """How many runner-ups a window of k should carry (goodput.best_tree_depth): the tokens they add
+        (acceptance per position, and how often the target took a runner-up where the chain stopped: a prior
+        of 1 in 4) against the verifier's measured forward time by tokens fed (a size past the largest
+        measured costed as the largest, so it gets tried). 0 while forwards are shared (a tree is scored alone,
+        outside the batch) or before any forward was measured."""
+        if k <= 0 or max_depth <= 0 or self.shared_forwards() or not self.forward_curve:
+            return 0
+        beta = (self.sibling_hits + 1) / (self.sibling_chances + 4)
+        return best_tree_depth(self._alphas(k), k, beta, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+                               lambda tokens: curve_seconds(self.forward_curve, tokens, low=True), max_depth)
 
     def alpha_per_token(self) -> float:
         if not self.judged_ema:

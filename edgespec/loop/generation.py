@@ -58,13 +58,13 @@ class GenerationConfig:
     pipeline: bool = False         # draft the next window while one is in flight and send it as an optimistic window
     on_verifier_loss: str = "fail" # no verifier reachable: "fail" (Unavailable) | "draft-only" (unverified tokens)
     max_unverified: int = 256      # draft-only: unverified tokens allowed ahead of the verified ones, tokens
-    tree_depth: int = 0            # greedy, blocking rounds: token trees with runner-ups at this many depths (0 = chains)
+    tree_depth: int = 0            # greedy, blocking rounds: token trees with runner-ups at this many depths (0 = chains, -1 = auto)
 
     def __post_init__(self):
         if self.auto_policy not in AUTO_POLICIES:
             raise ValueError(f"auto_policy must be one of {', '.join(AUTO_POLICIES)}, got {self.auto_policy!r}")
-        if not 0 <= self.tree_depth <= 4:
-            raise ValueError(f"tree_depth must be in 0..4, got {self.tree_depth}")
+        if not -1 <= self.tree_depth <= 4:
+            raise ValueError(f"tree_depth must be in 0..4 or -1 (auto), got {self.tree_depth}")
         if self.on_verifier_loss not in ON_VERIFIER_LOSS:
             raise ValueError(f"on_verifier_loss must be one of {', '.join(ON_VERIFIER_LOSS)}, "
                              f"got {self.on_verifier_loss!r}")

@@ -49,6 +49,7 @@ DRAFTER_MAX_REFUSED_BACKOFF_SECONDS = 30.0   # cap of the backoff that doubles w
 # What makes a session fall back to target-only rounds: the drafter down, its session lost or out of step,
 # or the session refused (RESOURCE_EXHAUSTED). None of them fails the generation: the verifier alone suffices.
 DRAFTER_FAULTS = (Unavailable, NotFound, Aborted, ResourceExhausted)
+AUTO_TREE_DEPTH = 2   # --tree-depth auto: the most runner-ups a window carries
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,14 +219,17 @@ class Rounds:
         the session's stats, the telemetry (before the policy, which may read it), the metrics, the round's
         span, the window policy and the drafter port. Call it with the round's span current."""
         session = self.session
-        sample = RoundSample(len(window.draft), verdict.accepted, draft_seconds, verify_wall_seconds,
+        chain = next((i for i, p in enumerate(window.parents) if p != i - 1), len(window.draft))
+        sample = RoundSample(chain, verdict.accepted, draft_seconds, verify_wall_seconds,
                              verdict.verify_compute_seconds, verdict.queue_depth, verdict.verifier,
                              target_logprob=verdict.target_logprob, batch_windows=verdict.batch_windows,
-                             batch_tokens=verdict.batch_tokens)
+                             batch_tokens=verdict.batch_tokens, siblings=len(window.draft) - chain,
+                             took_sibling=any(i >= chain for i in verdict.path))
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
-            "edgespec.queue_depth": sample.queue_depth, "edgespec.verifier": sample.link})
+            "edgespec.queue_depth": sample.queue_depth, "edgespec.verifier": sample.link,
+            "edgespec.tree_siblings": sample.siblings, "edgespec.took_sibling": sample.took_sibling})
         with tracer().start_as_current_span("commit"):
             position = len(session.generated)
             tokens = session.commit(window.draft, verdict)
@@ -293,7 +297,8 @@ async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
     drafter last drafted included), not (re)opening the drafter session: that is paid once per session,
     and costing it per drafted token would make the window policy stop drafting for good."""
     started, opening = now(), rounds.open_seconds
-    depth = min(rounds.tree_depth, k, rounds.max_draft - k)
+    depth = rounds.telemetry.tree_depth(k, AUTO_TREE_DEPTH) if rounds.tree_depth < 0 else rounds.tree_depth
+    depth = max(0, min(depth, k, rounds.max_draft - k))
     drafted = await rounds.draft(k, tree_depth=depth) if k > 0 else None
     draft, q, parents = drafted if drafted is not None else ([], None, ())
     seconds = now() - started - (rounds.open_seconds - opening)

@@ -27,7 +27,7 @@ class RoundStats:
     def record(self, sample: RoundSample) -> None:
         """Count one committed round."""
         self.rounds += 1
-        self.drafted += sample.k
+        self.drafted += sample.k + sample.siblings   # a tree's runner-ups were drafted too
         self.accepted += sample.accepted
         self.draft_seconds += sample.draft_seconds
         self.verify_wall_seconds += sample.verify_wall_seconds

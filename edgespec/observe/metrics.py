@@ -59,6 +59,9 @@ class CoordinatorMetrics:
             "edgespec.generations", "{generation}", "finished generations by finish_reason")
         self.failovers = m.create_counter(
             "edgespec.failovers", "{failover}", "sessions re-opened on a verifier, by reason")
+        self.tree_siblings = m.create_counter(
+            "edgespec.spec_decode.tree_siblings", "{token}",
+            "runner-up nodes drafted beside the chain in token-tree windows, by outcome (taken | not_taken)")
 
     def round(self, sample: RoundSample) -> None:
         """One committed round."""
@@ -68,7 +71,11 @@ class CoordinatorMetrics:
         if sample.k == 0:
             return
         self.drafts.add(1)
-        self.draft_tokens.add(sample.k)
+        self.draft_tokens.add(sample.k + sample.siblings)
+        if sample.siblings:
+            taken = int(sample.took_sibling)
+            self.tree_siblings.add(taken, {"outcome": "taken"})
+            self.tree_siblings.add(sample.siblings - taken, {"outcome": "not_taken"})
         self.accepted_tokens.add(sample.accepted)
         for position in range(sample.accepted):
             self.accepted_per_position.add(1, {"position": position})

@@ -88,11 +88,13 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--pipeline", default="off", choices=["on", "off"],
                         help="on: while a window is being verified, draft the next one assuming full acceptance and "
                              "send it at once (hides the link RTT); off: one window at a time (default %(default)s)")
-    parser.add_argument("--tree-depth", type=int, default=0,
+    parser.add_argument("--tree-depth", type=tree_depth, default=0,
                         help="greedy requests, blocking rounds: draft token trees — the window's chain plus the draft "
                              "model's runner-up at each of its first N positions — and verify all of it in one target "
                              "pass, accepting the longest path the target takes (torch verifier; with a verifier or "
-                             "drafter that cannot, chains); 0..4, 0 = chains (default %(default)s)")
+                             "drafter that cannot, chains); 0..4, 0 = chains; auto = per round, 0..2 runner-ups, "
+                             "from the verifier's measured forward time by tokens fed and how often the target took "
+                             "a runner-up (default %(default)s)")
     parser.add_argument("--on-verifier-loss", default="fail",
                         choices=["fail", "draft-only"],
                         help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
@@ -125,14 +127,25 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     if not verifiers or len(set(verifiers)) != len(verifiers):
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
     drafters = parse_drafters(parser, a.drafter)
-    if not 0 <= a.tree_depth <= 4:
-        parser.error(f"--tree-depth must be in 0..4, got {a.tree_depth}")
     generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
                                   a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens,
                                   a.tree_depth)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
                              upstream_security, observability_config(parser, a), a.router_weights)
+
+
+def tree_depth(text: str) -> int:
+    """--tree-depth: 0..4, or "auto" (-1)."""
+    if text.strip() == "auto":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 4:
+        raise argparse.ArgumentTypeError(f"expected 0..4 or auto, got {text!r}")
+    return value
 
 
 def parse_drafters(parser, value: str) -> dict[str, str]:

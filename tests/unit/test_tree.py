@@ -219,7 +219,57 @@ def test_the_coordinators_tree_depth_flag(monkeypatch, capsys):
     assert parse_args(["--tree-depth", "2"]).generation.tree_depth == 2
     monkeypatch.setenv("EDGESPEC_COORDINATOR_TREE_DEPTH", "3")
     assert parse_args([]).generation.tree_depth == 3
-    for bad in ("-1", "5"):
+    assert parse_args(["--tree-depth", "auto"]).generation.tree_depth == -1
+    for bad in ("-1", "5", "deep"):
         with pytest.raises(SystemExit) as exit_:
             parse_args(["--tree-depth", bad])
-        assert exit_.value.code == 2 and "--tree-depth must be in 0..4" in capsys.readouterr().err
+        assert exit_.value.code == 2 and "expected 0..4 or auto" in capsys.readouterr().err
+
+
+def test_the_tree_depth_follows_the_cost_curve_and_how_often_runner_ups_are_taken():
+    from edgespec.control.goodput import best_tree_depth, expected_tokens, tree_gain
+    from edgespec.control.sample import RoundSample
+    from edgespec.control.telemetry import Telemetry
+
+    alphas = [0.8, 0.7, 0.6]
+    assert tree_gain(alphas, 0, 0.5) == 0
+    assert tree_gain(alphas, 2, 0.5) == pytest.approx(0.2 * 0.5 + 0.8 * 0.3 * 0.5)
+    # this CPU's jagged curve: 3 tokens cost 3x one, 4 tokens 1.9x: one runner-up pads k = 2 to the cheap size
+    jagged = {1: 1.0, 2: 2.06, 3: 3.08, 4: 1.91, 5: 2.02, 6: 2.16}
+    assert best_tree_depth(alphas, 2, 0.3, 0.0, 0.0, jagged.get, 2) == 1
+    smooth = {n: float(n) for n in range(1, 8)}     # every token costs a full pass: runner-ups never pay
+    assert best_tree_depth(alphas, 2, 0.3, 0.0, 0.0, smooth.get, 2) == 0
+    flat = {n: 1.0 for n in range(1, 8)}            # a GPU-like flat curve: they always do
+    assert best_tree_depth(alphas, 3, 0.3, 0.0, 0.0, flat.get, 2) == 2
+    assert expected_tokens(alphas, 2) + tree_gain(alphas, 2, 0.3) > expected_tokens(alphas, 2)
+
+    telemetry = Telemetry(max_k=4)
+    assert telemetry.tree_depth(2, 2) == 0                       # no forward measured yet
+    for tokens, seconds in jagged.items():
+        telemetry.forward_curve[tokens] = seconds
+    telemetry.draft_per_token = 0.01
+    assert telemetry.tree_depth(2, 2) == 1
+    # a tree round whose path ended on a runner-up at depth 2: a chance, a hit; the chain accepted 1
+    telemetry.record(RoundSample(2, 2, 0.02, 2.1, 2.02, siblings=2, took_sibling=True, batch_tokens=5,
+                                 batch_windows=1))
+    assert (telemetry.sibling_chances, telemetry.sibling_hits) == (1, 1)
+    assert 2 not in telemetry.verify_compute                     # a tree's forward is not the chain's cost
+    telemetry.batch_windows = 4.0                                # shared forwards: a tree would leave the batch
+    assert telemetry.tree_depth(2, 2) == 0
+
+
+def test_auto_tree_rounds_give_target_only_output():
+    prompt, new = list(b"def add(a, b):\n    return"), 32
+    target, draft = "tiny:3", "tiny:3~5"
+    verifier, drafter = VerifierEngine(tiny(target), [TINY_EOS]), DrafterEngine(tiny(draft))
+    port = RecordingVerifier(verifier)
+    log = SessionLog(prompt, new, frozenset({TINY_EOS}))
+
+    async def go():
+        verifier.open("s", prompt)
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=-1):
+            pass
+
+    asyncio.run(go())
+    assert log.generated == target_only_greedy(target, prompt, new)
+    assert log.stats.drafted >= 3 * sum(1 for w, _ in port.seen if w.draft)
