@@ -186,8 +186,9 @@ class Telemetry:
         (acceptance per position, and how often the target took a runner-up where the chain stopped: a prior
         of 1 in 4) against the verifier's measured forward time by tokens fed (a size past the largest
         measured costed as the largest, so it gets tried). 0 while forwards are shared (a tree is scored alone,
-        outside the batch) or before any forward was measured."""
-        if k <= 0 or max_depth <= 0 or self.shared_forwards() or not self.forward_curve:
+        outside the batch), and 0 until the chain of k was measured alone: the window policy costs windows by
+        their chains (verify_compute, which tree rounds do not feed), so a new k goes out once as a chain."""
+        if k <= 0 or max_depth <= 0 or self.shared_forwards() or k not in self.verify_compute or not self.forward_curve:
             return 0
         beta = (self.sibling_hits + 1) / (self.sibling_chances + 4)
         return best_tree_depth(self._alphas(k), k, beta, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,

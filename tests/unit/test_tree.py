@@ -244,16 +244,17 @@ def test_the_tree_depth_follows_the_cost_curve_and_how_often_runner_ups_are_take
     assert expected_tokens(alphas, 2) + tree_gain(alphas, 2, 0.3) > expected_tokens(alphas, 2)
 
     telemetry = Telemetry(max_k=4)
-    assert telemetry.tree_depth(2, 2) == 0                       # no forward measured yet
     for tokens, seconds in jagged.items():
         telemetry.forward_curve[tokens] = seconds
     telemetry.draft_per_token = 0.01
+    assert telemetry.tree_depth(2, 2) == 0                       # the chain of 2 was never measured alone
+    telemetry.verify_compute[2] = jagged[3]
     assert telemetry.tree_depth(2, 2) == 1
     # a tree round whose path ended on a runner-up at depth 2: a chance, a hit; the chain accepted 1
     telemetry.record(RoundSample(2, 2, 0.02, 2.1, 2.02, siblings=2, took_sibling=True, batch_tokens=5,
                                  batch_windows=1))
     assert (telemetry.sibling_chances, telemetry.sibling_hits) == (1, 1)
-    assert 2 not in telemetry.verify_compute                     # a tree's forward is not the chain's cost
+    assert telemetry.verify_compute[2] == jagged[3]              # a tree's forward is not the chain's cost
     telemetry.batch_windows = 4.0                                # shared forwards: a tree would leave the batch
     assert telemetry.tree_depth(2, 2) == 0
 
