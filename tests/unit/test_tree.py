@@ -148,21 +148,27 @@ def test_the_drafter_proposes_its_chain_and_runner_ups_as_a_tree():
         drafter.draft("s", len(PROMPT), [], 2, tree_depth=3)
 
 
-def test_tree_rounds_give_target_only_output_and_accept_siblings():
-    prompt, new = list(b"def add(a, b):\n    return"), 40
-    target, draft = "tiny:3", "tiny:3~5"
-    verifier, drafter = VerifierEngine(tiny(target), [TINY_EOS]), DrafterEngine(tiny(draft))
+def tree_rounds(tree_depth: int, new: int):
+    """A greedy generation with fixed windows of 3 and the given tree depth, in process; the session log and
+    the windows and verdicts the verifier port saw."""
+    prompt = list(b"def add(a, b):\n    return")
+    verifier, drafter = VerifierEngine(tiny("tiny:3"), [TINY_EOS]), DrafterEngine(tiny("tiny:3~5"))
     port = RecordingVerifier(verifier)
     log = SessionLog(prompt, new, frozenset({TINY_EOS}))
 
     async def go():
         verifier.open("s", prompt)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=2):
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=tree_depth):
             pass
 
     asyncio.run(go())
-    assert log.generated == target_only_greedy(target, prompt, new)
-    trees = [(w, v) for w, v in port.seen if w.parents]
+    return log, port.seen, target_only_greedy("tiny:3", prompt, new)
+
+
+def test_tree_rounds_give_target_only_output_and_accept_siblings():
+    log, seen, reference = tree_rounds(2, 40)
+    assert log.generated == reference
+    trees = [(w, v) for w, v in seen if w.parents]
     assert trees and all(len(w.draft) == len(w.parents) for w, _ in trees)
     assert any(i >= 3 for _, v in trees for i in v.path), "a runner-up was never the target's choice"
 
@@ -260,17 +266,6 @@ def test_the_tree_depth_follows_the_cost_curve_and_how_often_runner_ups_are_take
 
 
 def test_auto_tree_rounds_give_target_only_output():
-    prompt, new = list(b"def add(a, b):\n    return"), 32
-    target, draft = "tiny:3", "tiny:3~5"
-    verifier, drafter = VerifierEngine(tiny(target), [TINY_EOS]), DrafterEngine(tiny(draft))
-    port = RecordingVerifier(verifier)
-    log = SessionLog(prompt, new, frozenset({TINY_EOS}))
-
-    async def go():
-        verifier.open("s", prompt)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=-1):
-            pass
-
-    asyncio.run(go())
-    assert log.generated == target_only_greedy(target, prompt, new)
-    assert log.stats.drafted >= 3 * sum(1 for w, _ in port.seen if w.draft)
+    log, seen, reference = tree_rounds(-1, 32)
+    assert log.generated == reference
+    assert log.stats.drafted >= 3 * sum(1 for w, _ in seen if w.draft)
