@@ -42,8 +42,10 @@ def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchan
     llama = ["--backend", "llamacpp", "--model", "smollm2", "--threads", "1", "--ctx-tokens", "2048",
              "--max-sequences", "4"]
     with LocalCluster(tmp_path, verifier_args=llama, drafter_args=llama,
-                      coordinator_args=["--tree-depth", "2"]) as cluster:
-        reference, _ = collect(cluster.coordinator.address, "The capital of France is", 24, 0)
-        tokens, stats = collect(cluster.coordinator.address, "The capital of France is", 24, 3)
+                      coordinator_args=["--tokenizer", "smollm2", "--tree-depth", "2"]) as cluster:
+        # the prompt and window that tests/rpc/test_llamacpp_rpc.py checks against llama.cpp target-only
+        prompt = "What is the capital of France?"
+        reference, _ = collect(cluster.coordinator.address, prompt, 24, 0, chat=True)
+        tokens, stats = collect(cluster.coordinator.address, prompt, 24, 3, chat=True)
         assert tokens == reference and stats.drafted_tokens > 0
         assert "refused a token tree" in cluster.coordinator.log_path.read_text()
