@@ -25,7 +25,7 @@ from edgespec.engines.limits import check_draft_probs, check_prefix, check_sessi
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
-from edgespec.verify.tree import TokenTree, verify_tree_greedy
+from edgespec.verify.tree import verify_tree_greedy
 from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
