@@ -13,6 +13,7 @@ from edgespec.backends.registry import TINY_EOS
 from bench.cluster import REPO_ROOT, LocalCluster
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from edgespec.engines.verifier import VerifierEngine
+from tests.streams import generated
 from tests.tiny import target_only_greedy, tiny
 
 PAIRS = [("tiny:7", "tiny:7~1"), ("tiny:8", "tiny:9")]   # partial agreement, and almost none
@@ -239,17 +240,8 @@ def test_cli_generate_streams_text_and_stats(cluster):
 
 def sample(address, prompt, seed=None, temperature=0.9, top_k=0, top_p=1.0, window=3, max_new=24, relaxed="",
            coupled=False, resume=()):
-    async def go():
-        tokens, stats = [], None
-        async for event in generate(address, prompt, max_new, window, chat=False, timeout_seconds=120,
-                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, relaxed=relaxed,
-                                    coupled=coupled, resume_token_ids=resume):
-            if event.HasField("chunk"):
-                tokens.extend(event.chunk.token_ids)
-            else:
-                stats = event.stats
-        return tokens, stats
-    return asyncio.run(go())
+    return generated(address, prompt, max_new, window, chat=False, timeout_seconds=120, temperature=temperature,
+                     top_k=top_k, top_p=top_p, seed=seed, relaxed=relaxed, coupled=coupled, resume_token_ids=resume)
 
 
 def test_sampling_over_grpc_is_reproducible_by_seed(cluster):

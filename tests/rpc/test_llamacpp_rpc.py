@@ -1,7 +1,6 @@
 """The services on llama.cpp (verifier and drafter --backend llamacpp, SmolLM2-135M GGUF as shipped): greedy
 output over gRPC equals llama.cpp target-only greedy on the same backend, at every window and across a
 verifier killed mid-generation (two llama.cpp verifiers, the session re-homed with its committed prefix)."""
-import asyncio
 import signal
 
 import numpy as np
@@ -11,9 +10,9 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by script
 
 from bench.chaos import exactly_once, opened_count, run_with_fault, serving_verifier  # noqa: E402
 from bench.cluster import LocalCluster  # noqa: E402
-from edge_client.client import generate  # noqa: E402
 from edgespec.backends import llamacpp  # noqa: E402
 from edgespec.backends.tokenizer import load_tokenizer  # noqa: E402
+from tests.streams import generated  # noqa: E402
 
 PROMPTS = ["Write a Python function that adds two numbers.", "What is the capital of France?"]
 MAX_NEW = 48
@@ -39,15 +38,7 @@ def references():
 
 
 def collect(address, prompt, window):
-    async def go():
-        tokens, stats = [], None
-        async for event in generate(address, prompt, MAX_NEW, window, chat=True, timeout_seconds=600):
-            if event.HasField("chunk"):
-                tokens.extend(event.chunk.token_ids)
-            else:
-                stats = event.stats
-        return tokens, stats
-    return asyncio.run(go())
+    return generated(address, prompt, MAX_NEW, window, chat=True, timeout_seconds=600)
 
 
 def test_greedy_over_grpc_on_llamacpp_equals_llamacpp_target_only(tmp_path, references):

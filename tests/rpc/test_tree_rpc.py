@@ -1,25 +1,15 @@
 """Token-tree windows through the real services (coordinator --tree-depth): greedy output equals target-only."""
-import asyncio
-
 import pytest
 
 from bench.cluster import LocalCluster
-from edge_client.client import generate
+from tests.streams import generated
 from tests.tiny import target_only_greedy
 
 PROMPTS = ["def add(a, b):", "Speculative decoding is"]
 
 
 def collect(address, prompt, max_new, window, chat=False):
-    async def go():
-        tokens, stats = [], None
-        async for event in generate(address, prompt, max_new, window, chat=chat, timeout_seconds=300):
-            if event.HasField("chunk"):
-                tokens.extend(event.chunk.token_ids)
-            else:
-                stats = event.stats
-        return tokens, stats
-    return asyncio.run(go())
+    return generated(address, prompt, max_new, window, chat=chat, timeout_seconds=300)
 
 
 @pytest.mark.parametrize("depth", ["2", "auto"])
