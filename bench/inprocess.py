@@ -28,7 +28,7 @@ class InProcessDrafter:
 
     async def draft_tree(self, session_id, base_position, append, k, depth):
         proposal = self.engine.draft(session_id, base_position, append, k, depth)
-        return proposal.tokens, proposal.parents or list(range(-1, len(proposal.tokens) - 1))
+        return proposal.tokens, proposal.q, proposal.parents or list(range(-1, len(proposal.tokens) - 1))
 
     async def close(self, session_id):
         self.engine.close(session_id)

@@ -20,8 +20,9 @@ import numpy as np
 
 from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.engines.limits import check_prefix, check_session_id, check_token_ids
-from edgespec.verify.sampling import (DRAFT, SamplingParams, SparseDist, check_params, coupled_choice, truncate_to_sparse,
-                               uniform, warp)
+from edgespec.verify.sampling import (DRAFT, SamplingParams, SparseDist, check_params, race_times, truncate_to_sparse,
+                                      uniform, warp)
+from edgespec.verify.tree import nth
 
 
 class DraftModel(Protocol):
@@ -117,9 +118,9 @@ class DrafterEngine:
         if not 0 <= tree_depth <= k or k + tree_depth > self.limits.max_window:
             raise InvalidArgument("tree_depth", f"must be in 0..k ({k}) with k + tree_depth <= "
                                   f"{self.limits.max_window}, got {tree_depth}")
-        if tree_depth and not session.params.greedy:
-            raise InvalidArgument("tree_depth", "token trees are drafted for greedy sessions only (multi-draft "
-                                  "speculative sampling is not built)")
+        if tree_depth and session.params.relaxation.lossy:
+            raise InvalidArgument("tree_depth", "token trees are drafted for lossless sessions only (relaxed "
+                                  "verification scores chains)")
         if tree_depth and not hasattr(self.model, "tree_draft"):
             raise InvalidArgument("tree_depth", f"this drafter's backend ({type(self.model).__name__}) does not "
                                   "draft token trees")
@@ -134,36 +135,55 @@ class DrafterEngine:
         session.committed[start:] = append
         session.last_used, session.cached = self.clock(), True
         started = time.perf_counter()
-        if tree_depth:
-            tokens, parents = self.model.tree_draft(session.kv, session.committed, k, tree_depth)
-            return Proposal(tokens, None, time.perf_counter() - started, parents)
         if session.params.greedy:
+            if tree_depth:
+                tokens, parents = self.model.tree_draft(session.kv, session.committed, k, tree_depth)
+                return Proposal(tokens, None, time.perf_counter() - started, parents)
             return Proposal(self.model.greedy_draft(session.kv, session.committed, k), None,
                             time.perf_counter() - started)
-        tokens, q = self._sample_draft(session, k)
-        return Proposal(tokens, q, time.perf_counter() - started)
+        tokens, q, parents = self._sample_draft(session, k, tree_depth)
+        return Proposal(tokens, q, time.perf_counter() - started, parents if tree_depth else None)
 
-    def _sample_draft(self, session: _Session, k: int) -> tuple[list[int], list[SparseDist] | None]:
+    def _sample_draft(self, session: _Session, k: int,
+                      depth: int = 0) -> tuple[list[int], list[SparseDist] | None, list[int]]:
         """Sample k tokens from the warped draft distribution (truncated to q_ids ids),
         or take its argmax when q_ids is 0 (a deterministic drafter: one-hot q).
-        The coupled sampler proposes argmax(log q + g) with the position's Gumbel noise and sends no q."""
+        The coupled sampler proposes argmax(q / E) with the position's race times and sends no q.
+
+        With ``depth``, a token tree (edgespec.verify.tree): at each of the first depth positions also a
+        sibling of the chain's token, drawn from the same q without it (the second argmax for the
+        deterministic and coupled drafters); its q row is the chain token's. Returns (tokens, q, parents)."""
         seq = list(session.committed)
-        tokens: list[int] = []
+        params, coupled = session.params, session.params.coupled
+        chain: list[int] = []
         dists: list[SparseDist] = []
-        coupled = session.params.coupled
-        for _ in range(k):
-            probs = warp(self.model.logits_rows(session.kv, seq, 1)[0], session.params)
-            if coupled:
-                token = coupled_choice(probs, session.params.seed, len(seq))
-            elif session.q_ids == 0:
-                token = int(np.argmax(probs))
+        siblings: list[tuple[int, int, SparseDist | None]] = []   # (token, parent, q row)
+        for j in range(k):
+            probs = warp(self.model.logits_rows(session.kv, seq, 1)[0], params)
+            dist, runner_up = None, None
+            if coupled or session.q_ids == 0:
+                scores = probs / race_times(params.seed, len(seq), probs.shape[-1]) if coupled else probs
+                token = int(np.argmax(scores))
+                if j < depth:
+                    rest = scores.copy()
+                    rest[token] = -np.inf
+                    second = int(np.argmax(rest))
+                    runner_up = second if rest[second] > 0 else None
             else:
                 dist = truncate_to_sparse(probs, session.q_ids)
-                token = dist.sample(uniform(session.params.seed, len(seq), DRAFT))
+                token = dist.sample(uniform(params.seed, len(seq), DRAFT))
+                rest = dist.without((token,))
+                if j < depth and rest.ids:
+                    runner_up = rest.sample(uniform(params.seed, len(seq), nth(DRAFT, 1)))
                 dists.append(dist)
-            tokens.append(token)
+            if runner_up is not None:
+                siblings.append((runner_up, j - 1, dist))
+            chain.append(token)
             seq.append(token)
-        return tokens, (dists if session.q_ids and not coupled else None)
+        tokens = chain + [token for token, _, _ in siblings]
+        parents = list(range(-1, k - 1)) + [parent for _, parent, _ in siblings]
+        q = dists + [dist for _, _, dist in siblings] if session.q_ids and not coupled else None
+        return tokens, q, parents
 
     def evict_idle(self) -> Evictions:
         """Free the KV caches of sessions idle past the TTL; drop those idle past ``forget_after``."""

@@ -25,7 +25,7 @@ from edgespec.engines.limits import check_draft_probs, check_prefix, check_sessi
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
-from edgespec.verify.tree import verify_tree_greedy
+from edgespec.verify.tree import verify_tree_coupled, verify_tree_greedy, verify_tree_sampling
 from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,14 @@ class VerifierEngine:
             session.kv = self.target.new_state()
             return error if isinstance(error, ResourceExhausted) else Unavailable(
                 f"target forward failed: {type(error).__name__}: {error}")
-        found = verify_tree_greedy(tree, np.argmax(rows, axis=-1).tolist(), self.eos_ids)
+        params = session.params
+        if params.greedy:
+            found = verify_tree_greedy(tree, np.argmax(rows, axis=-1).tolist(), self.eos_ids)
+        else:
+            p = np.stack([warp(row, params) for row in rows])
+            found = (verify_tree_coupled(tree, p, params.seed, window.base_position, self.eos_ids) if params.coupled
+                     else verify_tree_sampling(tree, window.q or None, p, params.seed, window.base_position,
+                                               self.eos_ids))
         tokens = found.committed(tree)
         logprob = committed_logprob(rows[[0, *(1 + j for j in found.path)]], tokens)
         self.target.keep_path(session.kv, found.path)     # the cache: committed + the accepted path
@@ -263,10 +270,9 @@ class VerifierEngine:
         if not hasattr(self.target, "tree_rows"):
             raise InvalidArgument("draft_parents", f"this verifier's backend ({type(self.target).__name__}) does not "
                                   "score token trees; send chains (the torch backend scores trees)")
-        params = session.params
-        if not params.greedy or params.relaxation.lossy:
-            raise InvalidArgument("draft_parents", "tree windows are verified greedily only (multi-draft "
-                                  "speculative sampling is not built): send chains in sampling or relaxed sessions")
+        if session.params.relaxation.lossy:
+            raise InvalidArgument("draft_parents", "tree windows are verified losslessly only: send chains in "
+                                  "relaxed sessions")
         if window.parent is not None:
             raise InvalidArgument("draft_parents", "a tree window cannot be optimistic (pipelined)")
 

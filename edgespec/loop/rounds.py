@@ -95,9 +95,9 @@ class Rounds:
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
-        # token trees: greedy sessions whose drafter port drafts them (turned off for good on the first refusal)
-        greedy = params.greedy and not params.relaxation.lossy
-        self.tree_depth = tree_depth if greedy and hasattr(drafter, "draft_tree") else 0
+        # token trees: lossless sessions whose drafter port drafts them (turned off for good on the first refusal)
+        lossless = not params.relaxation.lossy
+        self.tree_depth = tree_depth if lossless and hasattr(drafter, "draft_tree") else 0
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (goodput, AWC)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
@@ -159,8 +159,8 @@ class Rounds:
             base = session.position + len(speculative)
             try:
                 if tree_depth:
-                    tokens, parents = await self.drafter.draft_tree(self.session_id, base, append, k, tree_depth)
-                    result = (tokens, None, tuple(parents))
+                    tokens, q, parents = await self.drafter.draft_tree(self.session_id, base, append, k, tree_depth)
+                    result = (tokens, q, tuple(parents))
                 else:
                     result = (*await self.drafter.draft(self.session_id, base, append, k), ())
             except InvalidArgument as error:

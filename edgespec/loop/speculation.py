@@ -57,9 +57,9 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
     metrics: where each committed round's sample is counted (None: nowhere). Spans go to the global tracer.
     max_draft: the most tokens one draft call may ask for (the drafter's max_window); the pipelined
     look-ahead asks for its bonus guess and the next window in one call, so it drafts at most max_draft - 1.
-    tree_depth: greedy sessions in blocking rounds draft token trees (edgespec.verify.tree): the window's chain
-    plus the runner-up at each of its first tree_depth positions, all verified in one target pass, where both
-    the drafter and the verifier can (else chains). 0 = chains.
+    tree_depth: lossless sessions (greedy or sampled) in blocking rounds draft token trees
+    (edgespec.verify.tree): the window's chain plus a runner-up at each of its first tree_depth positions, all
+    verified in one target pass, where both the drafter and the verifier can (else chains). 0 = chains.
     """
     rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft,
                     0 if pipeline else tree_depth)

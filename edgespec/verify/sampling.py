@@ -259,6 +259,12 @@ class SparseDist:
     def sample(self, u: float) -> int:
         return self.ids[sample(np.array(self.weights), u)]
 
+    def without(self, tokens: Collection[int]) -> "SparseDist":
+        """This distribution with ``tokens`` removed (renormalised by the remaining weights): what the next
+        sibling of a token tree is drawn from once its elder siblings are taken (sampling without replacement)."""
+        kept = [(i, w) for i, w in zip(self.ids, self.weights) if i not in tokens]
+        return SparseDist(tuple(i for i, _ in kept), tuple(w for _, w in kept))
+
     @staticmethod
     def from_dense(probs: np.ndarray) -> "SparseDist":
         ids = np.flatnonzero(probs > 0)

@@ -53,12 +53,13 @@ class GrpcDrafter:
         return list(reply.tokens), (dists_from_pb(reply.probs) or None)
 
     async def draft_tree(self, session_id: str, base_position: int, append: Sequence[int], k: int,
-                         depth: int) -> tuple[list[int], list[int]]:
-        """A token tree: the chain of k tokens and the runner-ups at its first ``depth`` positions, with the
-        parent of each (edgespec.verify.tree)."""
+                         depth: int) -> tuple[list[int], list[SparseDist] | None, list[int]]:
+        """A token tree: the chain of k tokens and the runner-ups at its first ``depth`` positions, what each
+        was drawn from (sampling), and the parent of each (edgespec.verify.tree)."""
         reply = await self._call(self._stub.Draft, drafter_pb2.DraftRequest(
             session_id=session_id, base_position=base_position, append=append, k=k, tree_depth=depth))
-        return list(reply.tokens), list(reply.parents) or list(range(-1, len(reply.tokens) - 1))
+        return (list(reply.tokens), dists_from_pb(reply.probs) or None,
+                list(reply.parents) or list(range(-1, len(reply.tokens) - 1)))
 
     async def close(self, session_id: str) -> None:
         await self._call(self._stub.CloseSession, drafter_pb2.DrafterCloseRequest(session_id=session_id))

@@ -117,8 +117,11 @@ from edgespec.engines.verifier import VerifierEngine  # noqa: E402
 from edgespec.errors import InvalidArgument  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
 from edgespec.loop.speculation import speculate  # noqa: E402
-from edgespec.verify.sampling import SamplingParams  # noqa: E402
+from edgespec.verify.sampling import Relaxation, SamplingParams  # noqa: E402
 from tests.tiny import target_only_greedy, tiny  # noqa: E402
+
+
+RELAXED = SamplingParams(temperature=0.8, seed=1, relaxation=Relaxation("cospec", margin=1.0))
 
 
 class RecordingVerifier(InProcessVerifier):
@@ -141,8 +144,8 @@ def test_the_drafter_proposes_its_chain_and_runner_ups_as_a_tree():
     proposal = drafter.draft("s", len(PROMPT), [], 3, tree_depth=2)
     assert proposal.tokens[:3] == chain and proposal.parents == [ROOT, 0, 1, ROOT, 0]
     TokenTree(tuple(proposal.tokens), tuple(proposal.parents))        # a valid tree: siblings differ
-    drafter.open("t", PROMPT, SamplingParams(temperature=0.8, seed=1), 4)
-    with pytest.raises(InvalidArgument, match="greedy sessions only"):
+    drafter.open("t", PROMPT, RELAXED, 4)
+    with pytest.raises(InvalidArgument, match="lossless sessions only"):
         drafter.draft("t", len(PROMPT), [], 3, tree_depth=1)
     with pytest.raises(InvalidArgument, match="tree_depth"):
         drafter.draft("s", len(PROMPT), [], 2, tree_depth=3)
@@ -173,12 +176,13 @@ def test_tree_rounds_give_target_only_output_and_accept_siblings():
     assert any(i >= 3 for _, v in trees for i in v.path), "a runner-up was never the target's choice"
 
 
-def test_a_verifier_that_cannot_score_trees_or_a_sampling_session_refuses_them_and_changes_nothing():
+def test_a_relaxed_session_or_a_bad_tree_is_refused_and_changes_nothing():
     verifier = VerifierEngine(tiny("tiny:3"), [TINY_EOS])
-    verifier.open("t", PROMPT, SamplingParams(temperature=0.8, seed=2))
-    with pytest.raises(InvalidArgument, match="greedily only"):
-        verifier.verify("t", len(PROMPT), [5, 6, 7], params_fingerprint=SamplingParams(temperature=0.8, seed=2)
-                        .fingerprint(), parents=[ROOT, 0, ROOT])
+    verifier.open("t", PROMPT, RELAXED)
+    with pytest.raises(InvalidArgument, match="losslessly only"):
+        verifier.verify("t", len(PROMPT), [5, 6, 7], params_fingerprint=RELAXED.fingerprint(),
+                        parents=[ROOT, 0, ROOT])
+    assert verifier.committed("t") == PROMPT
     verifier.open("s", PROMPT)
     for bad in ([ROOT, 0], [ROOT, 2, 0], [ROOT, ROOT, 5]):
         with pytest.raises(InvalidArgument):
