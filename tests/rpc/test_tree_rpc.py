@@ -8,8 +8,8 @@ from tests.tiny import target_only_greedy
 PROMPTS = ["def add(a, b):", "Speculative decoding is"]
 
 
-def collect(address, prompt, max_new, window, chat=False):
-    return generated(address, prompt, max_new, window, chat=chat, timeout_seconds=300)
+def collect(address, prompt, max_new, window, chat=False, **sampling):
+    return generated(address, prompt, max_new, window, chat=chat, timeout_seconds=300, **sampling)
 
 
 @pytest.mark.parametrize("depth", ["2", "auto"])
@@ -25,6 +25,27 @@ def test_tree_windows_over_grpc_give_target_only_greedy_output(tmp_path, depth):
             if depth == "2":   # window 3 with two runner-ups: up to 5 tokens drafted per round, more than a chain
                 tokens, stats = collect(cluster.coordinator.address, prompt, 48, 3)
                 assert stats.drafted_tokens > 3 * stats.rounds
+
+
+def test_sampled_and_coupled_tree_windows_over_grpc(tmp_path):
+    """Sampling sessions draft trees too: coupled sampling stays target-only coupled sampling token for token,
+    the standard sampler replays by seed, and runner-ups travel with their q rows (more drafted than k a round)."""
+    from edgespec.verify.sampling import SamplingParams
+    from tests.tiny import target_only_coupled
+
+    target, draft, prompt = "tiny:11", "tiny:11~2", "def add(a, b):"
+    with LocalCluster(tmp_path, verifier_args=["--model", target], drafter_args=["--model", draft],
+                      coordinator_args=["--tokenizer", "bytes", "--tree-depth", "2"]) as cluster:
+        address = cluster.coordinator.address
+        expected = target_only_coupled(target, list(prompt.encode()), 32,
+                                       SamplingParams(temperature=0.9, top_k=50, seed=7, coupled=True))
+        tokens, stats = collect(address, prompt, 32, 3, temperature=0.9, top_k=50, seed=7, coupled=True)
+        assert tokens == expected and stats.verification == "coupled-sampling"
+        assert stats.drafted_tokens > 3 * stats.rounds    # chains of 3 and their runner-ups
+        first, stats = collect(address, prompt, 32, 3, temperature=0.9, seed=11)
+        assert stats.verification == "lossless-sampling" and stats.drafted_tokens > 3 * stats.rounds
+        assert collect(address, prompt, 32, 3, temperature=0.9, seed=11)[0] == first
+        assert "refused a token tree" not in cluster.coordinator.log_path.read_text()
 
 
 def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchanged(tmp_path):
