@@ -112,25 +112,13 @@ def main() -> None:
         json.dump(dict(eos=eos, rows=rows, cost_curve=curve), sink)
 
 
-def cost_curve(lm, prompt: list[int], largest: int, repeats: int = 3) -> dict[int, float]:
-    """Seconds of one target forward that feeds n tokens after ``prompt`` (logits for each, as the verifier
-    computes them), the median of ``repeats``, for n = 1..largest."""
-    import statistics
+def cost_curve(lm, prompt: list[int], largest: int) -> dict[int, float]:
+    """Seconds of one target forward that feeds n tokens (edgespec.engines.profile, as a verifier measures it
+    at start), for n = 1..largest."""
+    from edgespec.engines.profile import describe, forward_profile
 
-    state = lm.new_state()
-    lm.prefill(state, prompt)
-    curve = {}
-    for n in range(1, largest + 1):
-        seq = prompt + [prompt[(i * 7) % len(prompt)] for i in range(n - 1)]
-        times = []
-        for _ in range(repeats):
-            lm.crop(state, len(prompt) - 1)
-            started = time.perf_counter()
-            lm.logits(state, seq)
-            times.append(time.perf_counter() - started)
-        curve[n] = statistics.median(times)
-        log.info("cost curve: a forward over %d tokens takes %.0f ms (%.2fx one token)", n, 1000 * curve[n],
-                 curve[n] / curve[1])
+    curve = forward_profile(lm, largest, context=len(prompt), repeats=3)
+    log.info("cost curve: %s", describe(curve))
     return curve
 
 

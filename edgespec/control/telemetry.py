@@ -101,6 +101,8 @@ class Telemetry:
     last_link: str = ""
     batch_windows: float = 0.0                                 # EMA of windows per verifier forward (0 = unreported)
     forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
+    profile: dict[int, float] = field(default_factory=dict)   # tokens fed -> forward seconds, the verifier's own
+                                                               # measurement at its start (Info.forward_seconds)
     sibling_chances: int = 0                                   # tree rounds whose chain stopped where a runner-up stood
     sibling_hits: int = 0                                      # ... and the target took the runner-up
 
@@ -160,6 +162,7 @@ class Telemetry:
         self.draft_per_token, self.verify_wall = other.draft_per_token, other.verify_wall
         self.verify_compute = dict(other.verify_compute)
         self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
+        self.profile = dict(other.profile)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
 
     def start_from(self, coordinator: "Telemetry") -> None:
@@ -192,7 +195,22 @@ class Telemetry:
             return 0
         beta = (self.sibling_hits + 1) / (self.sibling_chances + 4)
         return best_tree_depth(self._alphas(k), k, beta, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
-                               lambda tokens: curve_seconds(self.forward_curve, tokens, low=True), max_depth)
+                               self._forward_cost, max_depth)
+
+    def _forward_cost(self, tokens: int) -> float:
+        """One forward over ``tokens`` alone: as measured in rounds, else the verifier's profile (scaled to
+        what rounds measured), else a lower bound from the rounds (a size never measured looks cheap)."""
+        if tokens in self.forward_curve:
+            return self.forward_curve[tokens]
+        if tokens in self.profile:
+            return self.profile[tokens] * self._profile_scale(self.forward_curve.items())
+        return curve_seconds(self.forward_curve, tokens, low=True)
+
+    def _profile_scale(self, measured) -> float:
+        """Measured forward time over the profile's at the sizes both have (the profile was taken at start,
+        alone, over a short context; rounds run later, maybe longer): the median ratio, 1 with none."""
+        ratios = sorted(seconds / self.profile[n] for n, seconds in measured if self.profile.get(n, 0) > 0)
+        return ratios[len(ratios) // 2] if ratios else 1.0
 
     def alpha_per_token(self) -> float:
         if not self.judged_ema:
@@ -237,7 +255,8 @@ class Telemetry:
         (forward_seconds), so that a window's tokens are charged to everyone they slow down, and drafting
         backs off as the batch fills where the verifier's cost grows with the tokens it feeds, and returns
         when it drains.
-        Otherwise the measured EMA; for a window not measured yet, t_ref plus the slope, or
+        Otherwise the measured EMA; for a window not measured yet, the verifier's profile of a forward over
+        k + 1 tokens (scaled by what the measured windows cost against it); without one, t_ref plus the slope, or
         (``optimistic``) the cost of the nearest smaller measured window (else the smallest measured one;
         0 while the verifier reports no forward time), so that it gets tried."""
         shared = self.forward_seconds(self.batch_windows * (k + 1)) if self.shared_forwards() else None
@@ -245,6 +264,8 @@ class Telemetry:
             return shared
         if k in self.verify_compute:
             return self.verify_compute[k]
+        if k + 1 in self.profile:
+            return self.profile[k + 1] * self._profile_scale((m + 1, s) for m, s in self.verify_compute.items())
         if optimistic:
             if not self.verify_compute:
                 return 0.0

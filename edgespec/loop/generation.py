@@ -312,6 +312,9 @@ class Generations:
             for address in self.verifier.pool.endpoints:
                 try:
                     self._info = await self.verifier.endpoints[address].info()
+                    # its forward time by tokens fed, measured at its start: the cost of windows not sent yet
+                    profile = getattr(self._info, "forward_seconds", ())
+                    self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
                     break
                 except EdgespecError as error:
                     self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s",

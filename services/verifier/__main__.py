@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, replace
 
 from edgespec.observe import logs, exporters
@@ -27,6 +28,7 @@ class VerifierConfig:
     batch: BatchPolicy            # cross-session batching and the bounded queue
     limits: VerifierLimits        # windows, session length, KV memory, idle eviction
     backend: str = "torch"        # "torch" (transformers, the bit-exact reference) | "llamacpp" (GGUF)
+    profile_window: int = 8       # at start, time one forward over windows of 0..this many tokens (0 = don't)
 
 
 def parse_args(argv: list[str] | None = None) -> VerifierConfig:
@@ -73,8 +75,16 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     group.add_argument("--forget-after", type=float, default=3600.0,
                        help="seconds a session may sit idle before it is dropped entirely (the coordinator re-opens "
                             "it with its committed prefix); 0 = never (default %(default)s)")
+    parser.add_argument("--profile-window", type=int, default=8,
+                        help="at start, time one target forward over a window of 0..N tokens (a few seconds on a "
+                             "CPU) and report it in Info: the coordinator's window policy costs a window it has not "
+                             "tried by this curve, which on a CPU is not monotone (a pass over 4 tokens can cost "
+                             "less than one over 3); 0 = skip, and windows are costed by extrapolation until tried "
+                             "(default %(default)s)")
     args = parser.parse_args(argv)
     service = model_service_config(parser, args)
+    if not 0 <= args.profile_window <= service.max_window:
+        parser.error(f"--profile-window must be in 0..--max-window ({service.max_window}), got {args.profile_window}")
     if args.max_batch < 1 or args.max_queue < 1 or args.batch_wait_ms < 0 or args.batch_wait_fraction < 0:
         parser.error("--max-batch and --max-queue must be >= 1, --batch-wait-ms and --batch-wait-fraction >= 0")
     if min(args.kv_budget_mb, args.max_session_kv_mb, args.idle_ttl, args.forget_after) < 0:
@@ -87,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     return VerifierConfig(
         service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue, args.batch_wait_fraction),
         VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
-                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after), args.backend)
+                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after), args.backend,
+        args.profile_window)
 
 
 def load_target(config: VerifierConfig):
@@ -127,6 +138,7 @@ def sweep_period(limits: VerifierLimits) -> float | None:
 
 async def main(config: VerifierConfig) -> None:
     from edgespec.engines.batching import VerifyScheduler
+    from edgespec.engines.profile import describe, forward_profile
     from edgespec.observe.metrics import VerifierMetrics
     from edgespec.net.security import SessionOwners, server_parts
     from edgespec.engines.verifier import VerifierEngine
@@ -144,10 +156,17 @@ async def main(config: VerifierConfig) -> None:
     log.info("loading target model %s (%s backend)", service.model, config.backend)
     (target, eos), _ = await worker.call(load_target, config)
     engine = VerifierEngine(target, eos, fitted_limits(config.limits, target))
+    profile = {}
+    if config.profile_window:
+        started = time.perf_counter()
+        profile, _ = await worker.call(forward_profile, target, config.profile_window + 1, 32, 1)
+        log.info("forward cost by tokens fed (measured in %.1fs): %s", time.perf_counter() - started,
+                 describe(profile))
     scheduler = VerifyScheduler(engine, worker, config.batch)
     owners = SessionOwners.for_security(service.security)   # the servicer claims and releases, the Guard checks
     servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device),
-                                "gguf" if config.backend == "llamacpp" else service.dtype, owners, metrics)
+                                "gguf" if config.backend == "llamacpp" else service.dtype, owners, metrics,
+                                [profile[n] for n in sorted(profile)])
     credentials, interceptors = server_parts(service.security, owners)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
                                              service.security.max_message_bytes, credentials, interceptors)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Sequence
 
 import grpc
 
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, engine: VerifierEngine, worker: ModelWorker, scheduler: VerifyScheduler, model: str,
-                 device: str, dtype: str, owners: SessionOwners, metrics: VerifierMetrics | None = None):
+                 device: str, dtype: str, owners: SessionOwners, metrics: VerifierMetrics | None = None,
+                 forward_seconds: Sequence[float] = ()):
         self.engine = engine
         self.worker = worker
         self.scheduler = scheduler
@@ -40,7 +42,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.owners = owners     # each session answers only to the client that opened it
         self.info = pb.InfoResponse(model=model, vocab_size=engine.target.vocab_size,
                                     eos_token_ids=sorted(engine.eos_ids), max_window=engine.limits.max_window,
-                                    max_session_tokens=engine.limits.max_session_tokens, device=device, dtype=dtype)
+                                    max_session_tokens=engine.limits.max_session_tokens, device=device, dtype=dtype,
+                                    forward_seconds=forward_seconds)
 
     async def Info(self, request, context):
         return self.info

@@ -170,3 +170,14 @@ def test_a_shared_prompt_is_prefilled_once_and_the_verdicts_are_unchanged(verifi
     for verdict in verdicts:
         assert (verdict.accepted, verdict.next_token, verdict.committed_position) == (
             expected.verdict.accepted, expected.verdict.next_token, expected.committed_position)
+
+
+@pytest.mark.parametrize("verifier", [["--profile-window", "4"]], indirect=True)
+def test_info_carries_the_forward_profile_measured_at_start(verifier):
+    async def info():
+        async with grpc.aio.insecure_channel(verifier.address) as channel:
+            return await verifier_pb2_grpc.VerifierStub(channel).Info(pb.InfoRequest(), timeout=30)
+
+    reply = asyncio.run(info())
+    assert len(reply.forward_seconds) == 5 and all(s > 0 for s in reply.forward_seconds)   # windows of 0..4
+    assert "forward cost by tokens fed" in verifier.log_path.read_text()

@@ -134,3 +134,17 @@ def test_a_per_task_weight_is_resolved_and_read_as_the_peers_read_it():
     assert opened.relaxation.task == "code" and opened.relaxation.weight > 0
     assert opened == as_float32(opened) == params_from_pb(params_to_pb(opened))
     assert stats.lossy and stats.verification.startswith("relaxed-diversed(task code")
+
+
+def test_the_verifiers_forward_profile_becomes_the_coordinators_cost_of_untried_windows():
+    class Profiled(Endpoint):
+        async def info(self):
+            return SimpleNamespace(vocab_size=tiny(TARGET).vocab_size, eos_token_ids=[TINY_EOS],
+                                   forward_seconds=[0.01, 0.03, 0.05, 0.02])
+
+    gen, _ = generations()
+    endpoint = Profiled(VerifierEngine(tiny(TARGET), [TINY_EOS]))
+    gen.verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
+    collect(gen, GenerationRequest(PROMPT, 8, window=0))       # target-only rounds: window 0 measured only
+    assert gen.costs.profile == {1: 0.01, 2: 0.03, 3: 0.05, 4: 0.02}
+    assert gen.costs.verify_estimate(3) < gen.costs.verify_estimate(2)   # the profile's shape, not a straight line

@@ -58,6 +58,10 @@ def test_bad_flag_values_exit_with_usage():
         coordinator_args(["--verifier", " , "])
     with pytest.raises(SystemExit):
         verifier_args(["--dtype", "int4"])
+    for bad in ("-1", "17", "x"):     # past --max-window (16)
+        with pytest.raises(SystemExit):
+            verifier_args(["--profile-window", bad])
+    assert verifier_args(["--profile-window", "0"]).profile_window == 0 and verifier_args([]).profile_window == 8
     for bad in (["--max-batch", "0"], ["--max-queue", "0"], ["--idle-ttl", "-1"],
                 ["--idle-ttl", "60", "--forget-after", "30"]):
         with pytest.raises(SystemExit):

@@ -164,3 +164,37 @@ def test_a_session_starts_from_the_acceptance_earlier_sessions_had_and_moves_it_
     untouched = list(coordinator.alpha)
     coordinator.absorb(Telemetry(max_k=4))                    # a session that never drafted changes no prior
     assert coordinator.alpha == untouched
+
+
+# A forward's cost by tokens fed, as the torch verifier measured it on this 2-core CPU (relative to one token):
+# a pass over 4 tokens costs less than one over 3.
+JAGGED = {1: 1.0, 2: 2.1, 3: 3.0, 4: 1.9, 5: 2.3, 6: 2.5, 7: 2.6, 8: 2.7, 9: 2.9}
+
+
+def measured_up_to_two(profile=None, scale=1.0):
+    """Telemetry after rounds of windows 0, 1 and 2 whose costs follow JAGGED (times ``scale``), acceptance 0.8."""
+    t = Telemetry(profile=dict(profile or {}))
+    t.verify_compute = {k: scale * JAGGED[k + 1] for k in (0, 1, 2)}
+    t.draft_per_token, t.alpha = 0.05, [0.8] * t.max_k
+    return t
+
+
+def test_without_a_profile_the_jagged_curve_reads_as_drafting_cannot_pay():
+    # The straight line through windows 0..2 says every token costs a full step: no window could pay.
+    assert measured_up_to_two().drafting_cannot_pay(8)
+
+
+def test_the_verifier_profile_costs_untried_windows_and_ends_the_stall():
+    t = measured_up_to_two(JAGGED)
+    assert t.verify_estimate(3) == pytest.approx(1.9) and t.verify_estimate(7) == pytest.approx(2.7)
+    assert not t.drafting_cannot_pay(8)
+    assert t.goodput_window(optimistic=True) >= 3 and t.goodput_window() >= 3
+    assert t.verify_estimate(1) == pytest.approx(2.1)          # a measured window keeps its measurement
+
+
+def test_the_profile_is_scaled_to_what_rounds_measured_and_travels_with_the_costs():
+    t = measured_up_to_two(JAGGED, scale=2.0)     # rounds run twice as slow as the profile at start
+    assert t.verify_estimate(3) == pytest.approx(3.8)
+    session = Telemetry()
+    session.start_from(t)
+    assert session.profile == JAGGED and session.verify_estimate(3) == pytest.approx(3.8)

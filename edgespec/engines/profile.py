@@ -1,0 +1,44 @@
+"""A target's forward cost by tokens fed, c(n): what one verifier pass over a window of n - 1 tokens costs.
+
+Measured once when a verifier starts (``--profile-window``) and reported in its Info, so the coordinator's
+window policy costs a window it has not sent yet by the curve itself instead of extrapolating from the
+windows it has: on a CPU the curve is jagged (here a pass over 4 tokens was cheaper than one over 3, MKL
+being slow for 2-3-row GEMMs), and an extrapolation that calls 3 tokens dearer than 2 never tries 3.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("edgespec.profile")
+
+
+def forward_profile(lm: Any, largest: int, context: int = 32, repeats: int = 2) -> dict[int, float]:
+    """Seconds of one forward that feeds n tokens after a ``context``-token prefix (logits for each, by the
+    backend's batched path as the verifier runs it), the fastest of ``repeats`` after one warm-up, for
+    n = 1..largest. Token ids are a fixed pattern inside the vocabulary (the cost does not depend on them)."""
+    prompt = [(11 + 7 * i) % lm.vocab_size for i in range(context)]
+    state = lm.new_state()
+    lm.prefill(state, prompt)
+    curve: dict[int, float] = {}
+    for n in range(1, largest + 1):
+        seq = prompt + [prompt[(3 * i) % context] for i in range(n - 1)]
+        times = []
+        for attempt in range(repeats + (n == 1)):        # the very first forward pays one-time costs
+            lm.crop(state, context - 1)
+            started = time.perf_counter()
+            lm.logits_rows_batch([state], [seq], [n])
+            if n > 1 or attempt > 0:
+                times.append(time.perf_counter() - started)
+        curve[n] = min(times)
+    return curve
+
+
+def describe(curve: dict[int, float]) -> str:
+    """'1: 380 ms, 2: 2.10x, ...' for a log line."""
+    if not curve:
+        return "not measured"
+    one = curve[min(curve)]
+    return ", ".join(f"{n}: {1000 * s:.0f} ms" if n == min(curve) else f"{n}: {s / one:.2f}x"
+                     for n, s in sorted(curve.items()))
