@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                           "token for token, whatever the windows, failovers or resumes (lossless; lower acceptance)")
     gen.add_argument("--relaxed", default="", metavar="SPEC", help=RELAXED_HELP)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    gen.add_argument("--system", default=None, help="a system turn before the prompt (through the chat template)")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop sequence (repeatable): the text ends just before the first one")
     gen.add_argument("--timeout", type=float, default=None, help="overall deadline, seconds")
     gen.add_argument("--reconnect-seconds", type=float, default=RECONNECT_SECONDS,
                      help="when the coordinator is unreachable or has no verifier (UNAVAILABLE), keep retrying (with "
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="file holding the bearer token (env EDGESPEC_TOKEN_FILE, or the token itself in "
                           "EDGESPEC_TOKEN); sent only over TLS or to a loopback address")
     args = parser.parse_args(argv)
+    if args.system is not None and args.raw:
+        parser.error("--system needs the chat template: drop --raw")
     try:
         token = read_token(args.token_file) if args.token_file else os.environ.get("EDGESPEC_TOKEN") or None
         args.security = ClientSecurity(args.tls_ca, args.tls_cert, args.tls_key, token, args.tls_server_name)
@@ -199,7 +204,7 @@ async def _generate(args) -> int:
                                               window=args.window, chat=not args.raw, timeout_seconds=args.timeout,
                                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                               seed=args.seed, relaxed=args.relaxed, coupled=args.coupled,
-                                              security=args.security):
+                                              security=args.security, stop=args.stop, system=args.system):
             notice.recovered()
             if event.HasField("chunk"):
                 chunk = event.chunk

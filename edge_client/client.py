@@ -22,7 +22,8 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
                    timeout_seconds: float | None = None, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int | None = None, relaxed: str = "", coupled: bool = False,
                    resume_token_ids: Sequence[int] = (),
-                   security: ClientSecurity = PLAINTEXT) -> AsyncIterator[pb.GenerateResponse]:
+                   security: ClientSecurity = PLAINTEXT, stop: Sequence[str] = (),
+                   system: str | None = None) -> AsyncIterator[pb.GenerateResponse]:
     """Yield the coordinator's events: TokenChunk messages, then one GenerationStats.
 
     temperature 0 is greedy; > 0 samples (losslessly) with top_k / top_p / seed.
@@ -32,6 +33,8 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
     resume_token_ids: tokens an interrupted call with the same arguments already
     streamed (verified ones); the coordinator continues after them.
     security: TLS / mutual TLS and the bearer token (default plaintext, no token).
+    stop: stop sequences: the text ends just before the first one (finish reason "stop").
+    system: a system turn before the prompt (sent as chat messages, through the model's chat template).
     Raises grpc.aio.AioRpcError with the coordinator's status on failure.
     """
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
@@ -41,7 +44,11 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
     async with open_channel(address, security) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = pb.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens, window=window, chat=chat,
-                                     sampling=sampling, resume_token_ids=resume_token_ids)
+                                     sampling=sampling, resume_token_ids=resume_token_ids, stop=stop)
+        if system is not None:
+            request.prompt = ""
+            request.messages.extend([pb.ChatMessage(role="system", content=system),
+                                     pb.ChatMessage(role="user", content=prompt)])
         async for event in stub.Generate(request, timeout=timeout_seconds):
             yield event
 

@@ -17,6 +17,7 @@ EdgespecError; the service's interceptor turns them into statuses.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,11 +31,13 @@ from edgespec.control.router import Router, SessionRouting, request_features
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
 from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
+from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.routed_drafter import RoutedDrafter
 from edgespec.loop.rounds import DrafterPort
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
+from edgespec.loop.stops import StopCutter, check_stops
 from edgespec.observe.logs import LogThrottle
 from edgespec.observe.metrics import CoordinatorMetrics
 from edgespec.verify.relaxed import WeightHead, load_head
@@ -78,6 +81,13 @@ class GenerationRequest:
     chat: bool = False             # wrap the prompt in the model's chat template (one user turn)
     params: SamplingParams = SamplingParams()   # as asked (checked here); the seed is already chosen
     resume: tuple[int, ...] = ()   # token ids an earlier, interrupted call committed; taken as committed
+    messages: tuple[ChatMessage, ...] = ()  # chat turns instead of ``prompt`` (through the chat template)
+    stop: tuple[str, ...] = ()     # stop sequences: the text ends before the first one (edgespec.loop.stops)
+
+    @property
+    def text(self) -> str:
+        """The request's text for what reads it as text (router features, per-task weights)."""
+        return prompt_text(self.prompt, self.messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +114,7 @@ class GenerationStats:
     tokens_per_second: float       # new_tokens / seconds
     draft_seconds: float           # waiting on the drafter, seconds
     verify_wall_seconds: float     # waiting on the verifier (wire, queue and forward), seconds
-    finish_reason: str             # "eos" | "length" | "unverified" (degraded: ended on drafter tokens)
+    finish_reason: str             # "eos" | "length" | "stop" (a stop sequence) | "unverified" (degraded)
     verifier: str                  # address of the verifier that served the session last
     prefill_seconds: float         # request to verifier session open (prefill included), seconds
     seed: int                      # the seed used
@@ -118,9 +128,12 @@ class GenerationStats:
     target_logprob: float          # mean target log-probability (T = 1) per generated token, nats
     lossy: bool                    # relaxed verification: not exactly the target's output
     drafter: str                   # drafter(s) that served, by name; "a>b" when the router switched
+    stop_sequence: str = ""        # finish_reason "stop": the stop sequence that ended the text
 
 
 class TokenizerPort(Protocol):
+    """Text to token ids. Chat turns go through ``encode_chat(messages)`` where the tokenizer has one (a chat
+    template); otherwise through ``encode`` of their plain transcript (edgespec.loop.chat)."""
     def encode(self, prompt: str, chat: bool) -> list[int]: ...
 
 
@@ -190,7 +203,9 @@ class Generations:
         policy = self._policy(plan.window, telemetry)
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
-        drafter = self._drafter_for(session_id, request.prompt, telemetry)
+        drafter = self._drafter_for(session_id, request.text, telemetry)
+        cutter = StopCutter(request.stop)
+        kept = len(session.generated)      # generated tokens returned: all, or those up to a stop sequence
         log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(plan.prompt),
                  request.max_new_tokens, f" (resuming after {len(plan.resume)})" if plan.resume else "",
                  "auto" if plan.window < 0 else plan.window, "greedy" if params.greedy else params,
@@ -200,18 +215,27 @@ class Generations:
             # oversubscribes the cores (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
             await self.verifier.open(session_id, session.committed, params)
             prefill = time.perf_counter() - started
-            async for chunk in speculate(session, session_id, drafter, self.verifier, policy, params,
-                                         pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
-                                         max_unverified=config.max_unverified, telemetry=telemetry,
-                                         metrics=self.metrics, max_draft=config.max_window,
-                                         tree_depth=config.tree_depth):
-                if chunk.unverified:
-                    unverified_text = unverified_text or self.text_stream()
-                    piece = unverified_text.push(chunk.tokens)
-                else:
-                    unverified_text, piece = None, text.push(chunk.tokens)
-                yield TextChunk(chunk.tokens, piece, chunk.position + len(chunk.tokens), chunk.position,
-                                chunk.unverified)
+            rounds = speculate(session, session_id, drafter, self.verifier, policy, params,
+                               pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
+                               max_unverified=config.max_unverified, telemetry=telemetry,
+                               metrics=self.metrics, max_draft=config.max_window, tree_depth=config.tree_depth)
+            async with contextlib.aclosing(rounds):   # a stop sequence ends the rounds early (in-flight ones too)
+                async for chunk in rounds:
+                    if chunk.unverified:
+                        if unverified_text is None:
+                            unverified_text = self.text_stream()
+                            held = cutter.flush()   # stop sequences are looked for in verified text only
+                            if held:
+                                yield TextChunk((), held, kept, kept)
+                        yield TextChunk(chunk.tokens, unverified_text.push(chunk.tokens),
+                                        chunk.position + len(chunk.tokens), chunk.position, True)
+                        continue
+                    unverified_text = None
+                    tokens, piece = _cut(text, cutter, chunk.tokens)
+                    kept = chunk.position + len(tokens)
+                    yield TextChunk(tokens, piece, kept, chunk.position)
+                    if cutter.stopped:
+                        break
         except EdgespecError as error:
             if isinstance(error, Unavailable):   # no verifier: every generation fails alike while it lasts
                 self.throttle.log(log, logging.WARNING, "unavailable", "session %s failed after %d tokens: %s",
@@ -228,38 +252,52 @@ class Generations:
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafter, drafting)
-        tail = text.flush() if session.unverified == 0 else ""
+        tail = cutter.push(text.flush()) + cutter.flush() if session.unverified == 0 else ""
         if tail:
-            yield TextChunk((), tail, len(session.generated), len(session.generated))
+            yield TextChunk((), tail, kept, kept)
+        finish_reason = "stop" if cutter.stopped else session.finish_reason or ""
         seconds = time.perf_counter() - started
-        rounds, new = session.stats, len(session.generated)
+        # The speculation stats count every round, the last one's tokens past a stop sequence included;
+        # new_tokens counts the tokens returned.
+        rounds, new = session.stats, kept
         link = telemetry.links.get(telemetry.last_link)
         log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round; "
                  "link rtt %.1f ms (jitter %.1f), verifier queue %.2f", session_id, new, seconds, new / seconds,
                  rounds.acceptance_rate, rounds.mean_accepted_length, 1000 * (link.mean or 0.0) if link else 0.0,
                  1000 * link.jitter if link else 0.0, telemetry.queue_ema)
-        self.metrics.generation(session.finish_reason or "", new, seconds - prefill)
+        self.metrics.generation(finish_reason, new, seconds - prefill)
         trace.get_current_span().set_attributes({   # the service's span of this call
             "edgespec.prompt_tokens": len(plan.prompt), "edgespec.new_tokens": new,
             "edgespec.loop.rounds": rounds.rounds, "edgespec.window_policy": self._policy_label(plan.window),
-            "edgespec.acceptance": rounds.acceptance_rate, "edgespec.finish_reason": session.finish_reason or "",
+            "edgespec.acceptance": rounds.acceptance_rate, "edgespec.finish_reason": finish_reason,
             "edgespec.verifier": served_by, "edgespec.failovers": failover.failovers})
         yield GenerationStats(
             prompt_tokens=len(plan.prompt), new_tokens=new, rounds=rounds.rounds, drafted_tokens=rounds.drafted,
             accepted_tokens=rounds.accepted, acceptance_rate=rounds.acceptance_rate,
             mean_accepted_length=rounds.mean_accepted_length, seconds=seconds, tokens_per_second=new / seconds,
             draft_seconds=rounds.draft_seconds, verify_wall_seconds=rounds.verify_wall_seconds,
-            finish_reason=session.finish_reason or "", verifier=served_by, prefill_seconds=prefill,
+            finish_reason=finish_reason, verifier=served_by, prefill_seconds=prefill,
             seed=params.seed, verification=verification_label(params), failovers=failover.failovers,
             recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified, pipelined=pipelined,
             optimistic_windows=rounds.optimistic_windows, optimistic_hits=rounds.optimistic_hits,
-            target_logprob=rounds.target_logprob / new if new else 0.0, lossy=params.relaxation.lossy,
-            drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters)))
+            target_logprob=rounds.target_logprob / len(session.generated) if session.generated else 0.0,
+            lossy=params.relaxation.lossy,
+            drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters)),
+            stop_sequence=cutter.matched or "")
 
     async def _validate(self, request: GenerationRequest) -> _Plan:
         config = self.config
-        if not request.prompt.strip():
+        if request.messages:
+            if request.prompt:
+                raise InvalidArgument("messages", "give the prompt or the messages, not both")
+            problem = check_messages(request.messages)
+            if problem:
+                raise InvalidArgument("messages", problem)
+        elif not request.prompt.strip():
             raise InvalidArgument("prompt", "must not be empty")
+        problem = check_stops(request.stop)
+        if problem:
+            raise InvalidArgument("stop", problem)
         if not 1 <= request.max_new_tokens <= config.max_new_tokens:
             raise InvalidArgument("max_new_tokens", f"must be in 1..{config.max_new_tokens}, got {request.max_new_tokens}")
         if not -1 <= request.window <= config.max_window:
@@ -268,8 +306,8 @@ class Generations:
         params = request.params
         check_params(params)
         if params.relaxation.task:   # the peers read the resolved weight from a float32: so does our copy
-            params = as_float32(resolve_task(params, request.prompt, self._weights()))
-        prompt = self.tokenizer.encode(request.prompt, request.chat)
+            params = as_float32(resolve_task(params, request.text, self._weights()))
+        prompt = self._encode(request)
         if len(prompt) > config.max_prompt_tokens:
             raise InvalidArgument("prompt", f"{len(prompt)} tokens exceeds the limit of {config.max_prompt_tokens}")
         info = await self._verifier_info()
@@ -284,6 +322,16 @@ class Generations:
                                   f"(max_new_tokens {request.max_new_tokens}, or an EOS among them)")
         window = config.default_window if request.window == -1 else request.window
         return _Plan(window, params, prompt, eos_ids, resume)
+
+    def _encode(self, request: GenerationRequest) -> list[int]:
+        """The prompt's token ids: the prompt (templated as one user turn when ``chat``), or the chat turns
+        through the tokenizer's chat template (its ``encode_chat``), else their plain transcript."""
+        if not request.messages:
+            return self.tokenizer.encode(request.prompt, request.chat)
+        encode_chat = getattr(self.tokenizer, "encode_chat", None)
+        if encode_chat is None:
+            return self.tokenizer.encode(plain_transcript(request.messages), False)
+        return encode_chat(request.messages)   # raises InvalidArgument("messages", ...) if the template refuses
 
     def _weights(self) -> WeightHead:
         if self._head is None:
@@ -347,6 +395,20 @@ class Generations:
                 pass   # never opened there (e.g. the policy never drafted)
             except EdgespecError as error:
                 log.warning("closing session %s on the %s: %s", session_id, type(side).__name__, error)
+
+
+def _cut(text: TextStreamPort, cutter: StopCutter, tokens: Sequence[int]) -> tuple[Sequence[int], str]:
+    """One round's tokens through the detokenizer and the stop cutter: (the tokens kept, the text they add).
+    With stop sequences, token by token: the tokens kept end with the one that completed a stop sequence,
+    as if the target had generated alone and stopped there (the text is cut before the stop sequence)."""
+    if not cutter.stops:
+        return tokens, text.push(tokens)
+    piece = ""
+    for i, token in enumerate(tokens):
+        piece += cutter.push(text.push((token,)))
+        if cutter.stopped:
+            return tokens[:i + 1], piece
+    return tokens, piece
 
 
 def verification_label(params: SamplingParams) -> str:

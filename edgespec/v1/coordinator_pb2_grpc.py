@@ -52,7 +52,9 @@ class CoordinatorServicer:
         unverified = true; a later verified chunk at `position` replaces every
         unverified token from that position on.
         Errors: INVALID_ARGUMENT (empty prompt, max_new_tokens <= 0 or above the
-        limit, window above the limit), UNAVAILABLE (no drafter or verifier).
+        limit, window above the limit, prompt and messages both given, a message
+        with an unknown role, an empty or over-long stop sequence), UNAVAILABLE (no
+        drafter or verifier).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import uuid
-from typing import Mapping
+from typing import AsyncIterator, Mapping, Sequence
 
 import grpc
 
 from edgespec.backends.tokenizer import TextStream, Tokenizer
 from edgespec.control.router import Router
+from edgespec.loop.chat import ChatMessage
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.generation import (GenerationConfig, GenerationRequest, Generations, GenerationStats, TextChunk)
 from edgespec.loop.rounds import DrafterPort
@@ -40,22 +41,32 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                                        owners or SessionOwners(64), router, metrics)
 
     async def Generate(self, request: pb.GenerateRequest, context):
-        session_id = uuid.uuid4().hex
         metadata = context.invocation_metadata()
-        request_id = logs.request_id_from(metadata) or uuid.uuid4().hex
-        logs.bind(session_id, request_id)   # the session starts here (the Guard bound the caller's ids)
+        session_id, request_id = uuid.uuid4().hex, logs.request_id_from(metadata) or uuid.uuid4().hex
         await context.send_initial_metadata(((logs.REQUEST_ID_KEY, request_id),))
-        with tracing.server_span("generate", tracing.incoming_carrier(metadata),
-                                 {tracing.SESSION_ID: session_id, tracing.REQUEST_ID: request_id}):
-            async for event in self.generations.run(session_id, request_from_pb(request)):
-                yield response_to_pb(event)
+        async for event in run_generation(self.generations, session_id, request_id, metadata,
+                                          request_from_pb(request)):
+            yield response_to_pb(event)
+
+
+async def run_generation(generations: Generations, session_id: str, request_id: str,
+                         metadata: Sequence[tuple[str, str | bytes]] | None, request: GenerationRequest
+                         ) -> AsyncIterator[TextChunk | GenerationStats]:
+    """One generation as a traced, logged call: the one path of the gRPC Generate and the HTTP API
+    (services/coordinator/http_api.py). ``metadata``: the call's (header) pairs, for the caller's trace."""
+    logs.bind(session_id, request_id)   # the session starts here (the Guard bound the caller's ids)
+    with tracing.server_span("generate", tracing.incoming_carrier(metadata),
+                             {tracing.SESSION_ID: session_id, tracing.REQUEST_ID: request_id}):
+        async for event in generations.run(session_id, request):
+            yield event
 
 
 def request_from_pb(request: pb.GenerateRequest) -> GenerationRequest:
     """An absent seed is a fresh random one (reported in the stats)."""
     return GenerationRequest(request.prompt, request.max_new_tokens, request.window, request.chat,
                              params_from_pb(request.sampling, default_seed=secrets.randbits(63)),
-                             tuple(request.resume_token_ids))
+                             tuple(request.resume_token_ids),
+                             tuple(ChatMessage(m.role, m.content) for m in request.messages), tuple(request.stop))
 
 
 def response_to_pb(event: TextChunk | GenerationStats) -> pb.GenerateResponse:
