@@ -13,7 +13,7 @@ from edgespec.observe import logs
 from edgespec.net import rpc
 from edgespec.net.security import ServerSecurity
 from edgespec.net.flags import (ObservabilityConfig, ServiceArgumentParser, add_observability_flags,
-                                    add_security_flags, observability_config, security_config)
+                                    add_security_flags, observability_config, optional_port, security_config)
 from edgespec.net.transport import ClientSecurity, read_token
 
 log = logging.getLogger("edgespec.coordinator")
@@ -37,6 +37,7 @@ class CoordinatorConfig:
     upstream: ClientSecurity   # how we reach the drafter and the verifiers
     observability: ObservabilityConfig  # metrics endpoint, OTLP export, log format
     router_weights: str = ""   # router weights JSON; "" = the shipped ones
+    http: "HttpConfig | None" = None  # the OpenAI-compatible HTTP API (--http-port); None = off
 
 
 def window_arg(text: str) -> int:
@@ -109,6 +110,17 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--max-ban", type=float, default=30.0,
                         help="cap on the ban, seconds (default %(default)s)")
     parser.add_argument("--grace", type=float, default=5.0, help="shutdown drain, seconds")
+    http = parser.add_argument_group(
+        "OpenAI-compatible HTTP API", "POST /v1/chat/completions and /v1/completions (stream: true = Server-Sent "
+        "Events), GET /v1/models and /health, on the same generation path as Generate, with the same TLS, bearer "
+        "tokens and per-client limits (docs/openai-api.md)")
+    http.add_argument("--http-port", type=optional_port, default=None,
+                      help="serve the OpenAI-compatible API on this port; 0 = any free port, logged as "
+                           "'OpenAI-compatible API on http://...'; unset = no HTTP API (default)")
+    http.add_argument("--http-host", default="",
+                      help="bind address of the HTTP API (default: --host)")
+    http.add_argument("--served-model-name", default="",
+                      help="the model id /v1/models lists and responses carry (default: the verifier's model name)")
     add_security_flags(parser)
     add_observability_flags(parser)
     upstream = parser.add_argument_group("upstream security", "how the coordinator reaches the drafter and the verifiers")
@@ -127,12 +139,19 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     if not verifiers or len(set(verifiers)) != len(verifiers):
         parser.error(f"--verifier: need one or more distinct host:port addresses, got {a.verifier!r}")
     drafters = parse_drafters(parser, a.drafter)
+    http = None
+    if a.http_port is not None:
+        if not 0 <= a.http_port <= 65535:
+            parser.error(f"--http-port must be 0..65535 (0 = any free port), got {a.http_port}")
+        from services.coordinator.http_api import HttpConfig
+
+        http = HttpConfig(a.http_host or a.host, a.http_port, a.served_model_name)
     generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
                                   a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens,
                                   a.tree_depth)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
-                             upstream_security, observability_config(parser, a), a.router_weights)
+                             upstream_security, observability_config(parser, a), a.router_weights, http)
 
 
 def tree_depth(text: str) -> int:
@@ -174,6 +193,7 @@ async def main(config: CoordinatorConfig) -> None:
     from edgespec.net.security import SessionOwners, server_parts
     from edgespec.backends.tokenizer import load_tokenizer
     from edgespec.v1 import coordinator_pb2
+    from services.coordinator.chat_template import ChatTemplateTokenizer
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
     from services.coordinator.readiness import follow_verifier_health
     from services.coordinator.servicer import CoordinatorServicer, register
@@ -181,7 +201,7 @@ async def main(config: CoordinatorConfig) -> None:
     exports = exporters.setup("edgespec-coordinator", config.observability.metrics_port,
                                   config.observability.otlp_endpoint, config.host)
     metrics = CoordinatorMetrics()
-    tokenizer = load_tokenizer(config.tokenizer)
+    tokenizer = ChatTemplateTokenizer(load_tokenizer(config.tokenizer))   # chat turns through its template
     drafters = {name: GrpcDrafter(address, config.deadline_seconds, config.q_ids, config.upstream)
                 for name, address in config.drafters.items()}
     router = None
@@ -217,7 +237,14 @@ async def main(config: CoordinatorConfig) -> None:
         watchers.append(asyncio.ensure_future(follow_verifier_health(
             health, [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name, ""], pool,
             verifiers_changed)))
-    await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
+    if config.http is None:
+        await rpc.serve(server, health, "coordinator", f"{config.host}:{port}", config.grace_seconds)
+    else:   # the HTTP API in this process and event loop, on the same generation path
+        from services.coordinator import http_api
+
+        api = http_api.OpenAIApp(servicer.generations, interceptors[0] if interceptors else None, config.http,
+                                 draft_only=generation.on_verifier_loss == "draft-only")
+        await http_api.serve(server, health, f"{config.host}:{port}", config.grace_seconds, api, config.security)
     for watcher in watchers:
         watcher.cancel()
     for drafter in drafters.values():
