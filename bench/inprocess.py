@@ -50,7 +50,7 @@ class InProcessVerifier:
     async def verify(self, session_id, window: Window) -> Verdict | None:
         await asyncio.sleep(0)   # a real port yields to the event loop; pipelining relies on it
         result = self.engine.verify(session_id, window.base_position, window.draft, window.q,
-                                    window.params_fingerprint, window.parent, window.parents)
+                                    window.params_fingerprint, window.parent, window.parents, window.self_draft)
         # what the gRPC verifier reports with a verdict: its compute time, and where it came from
         return None if result.verdict is None else replace(
             result.verdict, verify_compute_seconds=result.verify_compute_seconds, verifier=self.address)

@@ -25,6 +25,7 @@ class RoundSample:
     batch_tokens: int = 0                # verifier-reported tokens that forward fed, all windows (0 = unknown)
     siblings: int = 0                    # a token tree: runner-up nodes drafted beside the chain (0 = a chain)
     took_sibling: bool = False           # the accepted path went through one of them (its last node)
+    self_drafted: int = 0                # cloud drafting: tokens the verifier drafted and scored itself (k is 0)
 
     @property
     def tokens(self) -> int:

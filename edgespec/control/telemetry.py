@@ -121,7 +121,7 @@ class Telemetry:
         self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         if sample.verify_compute_seconds > 0:
             # a window's own cost: not a forward it shared with other sessions, nor a tree's (more than k + 1 tokens)
-            if sample.batch_windows <= 1 and not sample.siblings:
+            if sample.batch_windows <= 1 and not sample.siblings and not sample.self_drafted:
                 self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k),
                                                      sample.verify_compute_seconds, s)
             if sample.batch_tokens > 0:

@@ -25,7 +25,8 @@ from edgespec.engines.limits import check_draft_probs, check_prefix, check_sessi
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
-from edgespec.verify.tree import verify_tree_coupled, verify_tree_greedy, verify_tree_sampling
+from edgespec.engines.self_draft import SelfDraftConfig, SelfDrafter
+from edgespec.verify.tree import TokenTree, verify_tree_coupled, verify_tree_greedy, verify_tree_sampling
 from edgespec.verify.window import Window
 
 log = logging.getLogger(__name__)
@@ -89,14 +90,16 @@ class _Session:
     params: SamplingParams
     last_used: float
     replies: OrderedDict[int, tuple[tuple, WindowResult]] = field(default_factory=OrderedDict)
+    self_drafter: SelfDrafter | None = None   # cloud drafting (PTD): made on the first self-drafted window
 
 
 class VerifierEngine:
     def __init__(self, target: TargetModel, eos_ids: Sequence[int], limits: VerifierLimits = VerifierLimits(),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, self_draft: SelfDraftConfig = SelfDraftConfig()):
         self.target = target
         self.eos_ids = frozenset(eos_ids)
         self.limits = limits
+        self.self_draft = self_draft   # cloud drafting's budget and tree shape
         self.clock = clock
         self._sessions: dict[str, _Session] = {}
         self._head: WeightHead | None = None   # the learned DIVERSED weight head, loaded on first use
@@ -156,7 +159,7 @@ class VerifierEngine:
 
     def verify(self, session_id: str, base_position: int, draft: Sequence[int],
                q: Sequence[SparseDist] = (), params_fingerprint: int = 0,
-               parent: int | None = None, parents: Sequence[int] = ()) -> WindowResult:
+               parent: int | None = None, parents: Sequence[int] = (), self_draft: int = 0) -> WindowResult:
         """Score ``draft`` in one target pass and commit n + 1 tokens.
 
         q: the draft distributions (sampling sessions; empty = one-hot q).
@@ -167,7 +170,7 @@ class VerifierEngine:
         leaves the session exactly as it was.
         """
         [result] = self.verify_batch([(session_id, Window(0, base_position, tuple(draft), tuple(q),
-                                                          params_fingerprint, parent, tuple(parents)))])
+                                                          params_fingerprint, parent, tuple(parents), self_draft))])
         if isinstance(result, EdgespecError):
             raise result
         return result
@@ -204,9 +207,10 @@ class VerifierEngine:
                 results[i] = immediate
             else:
                 scored.append((i, session))
-        for i, session in [(i, s) for i, s in scored if requests[i][1].parents]:
+        for i, session in [(i, s) for i, s in scored if requests[i][1].parents or requests[i][1].self_draft]:
             scored.remove((i, session))
-            results[i] = self._verify_tree(session, requests[i][1])   # scored alone, one forward each
+            window = requests[i][1]   # trees are scored alone, one forward each
+            results[i] = self._self_draft(session, window) if window.self_draft else self._verify_tree(session, window)
         if not scored:
             return
         started = time.perf_counter()
@@ -230,10 +234,35 @@ class VerifierEngine:
         for (i, session), logits in zip(scored, rows):
             results[i] = self._commit(session, requests[i][1], logits, seconds, len(scored), fed)
 
-    def _verify_tree(self, session: _Session, window: Window) -> WindowResult | EdgespecError:
+    def _self_draft(self, session: _Session, window: Window) -> WindowResult | EdgespecError:
+        """Cloud drafting: this session's PTD tree (edgespec.engines.self_draft) scored and verified like an edge
+        drafter's tree; the target's choices at its nodes grow the session's guesses for the next pass."""
+        if session.self_drafter is None:
+            session.self_drafter = SelfDrafter(session.committed, self.eos_ids, self.self_draft)
+        drafter = session.self_drafter
+        drafter.index(session.committed)      # tokens edge-drafted windows committed meanwhile
+        tree = drafter.window(session.committed[-1], window.self_draft)
+        if not len(tree):                     # nothing to guess yet: one plain step
+            return self._plain_step(session, window)
+        return self._verify_tree(session, window, tree, drafter)
+
+    def _plain_step(self, session: _Session, window: Window) -> WindowResult | EdgespecError:
+        started = time.perf_counter()
+        try:
+            [logits] = self.target.logits_rows_batch([session.kv], [session.committed], [1])
+        except Exception as error:
+            log.exception("target forward failed")
+            session.kv = self.target.new_state()
+            return error if isinstance(error, ResourceExhausted) else Unavailable(
+                f"target forward failed: {type(error).__name__}: {error}")
+        return self._commit(session, window, logits, time.perf_counter() - started, 1, 1)
+
+    def _verify_tree(self, session: _Session, window: Window, tree: TokenTree | None = None,
+                     drafter: SelfDrafter | None = None) -> WindowResult | EdgespecError:
         """A tree window: every node scored in one target forward (the backend's tree_rows), the longest path
-        the target would take accepted, its keys and values kept."""
-        tree = window.tree
+        the target would take accepted, its keys and values kept. ``tree`` and ``drafter``: a self-drafted
+        window's tree, and the session's drafter that learns from the target's choices at its nodes."""
+        tree = window.tree if tree is None else tree
         started = time.perf_counter()
         try:
             rows = self.target.tree_rows(session.kv, session.committed, tree)
@@ -255,9 +284,12 @@ class VerifierEngine:
         self.target.keep_path(session.kv, found.path)     # the cache: committed + the accepted path
         session.committed.extend(tokens)
         verdict = Verdict(found.accepted, found.next_token, target_logprob=logprob, path=found.path)
+        if drafter is not None:
+            drafter.update(tree, np.argmax(rows, axis=-1).tolist(), session.committed)
+            verdict = replace(verdict, drafted=tuple(tree.tokens[i] for i in found.path), self_drafted=len(tree))
         result = WindowResult(verdict, window.base_position, len(session.committed), time.perf_counter() - started,
                               1, len(tree) + 1)
-        session.replies[window.base_position] = ((window.draft, window.q, window.parents), result)
+        session.replies[window.base_position] = (_key(window), result)
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)
         return result
@@ -276,6 +308,22 @@ class VerifierEngine:
         if window.parent is not None:
             raise InvalidArgument("draft_parents", "a tree window cannot be optimistic (pipelined)")
 
+    def _check_self_draft(self, session: _Session, window: Window) -> None:
+        if window.draft or window.parents or window.q:
+            raise InvalidArgument("self_draft", "a self-drafted window carries no draft tokens, parents or q")
+        if not 0 < window.self_draft <= self.limits.max_window:
+            raise InvalidArgument("self_draft", f"must be in 1..{self.limits.max_window}, got {window.self_draft}")
+        if not hasattr(self.target, "tree_rows"):
+            raise InvalidArgument("self_draft", f"this verifier's backend ({type(self.target).__name__}) does not "
+                                  "draft for itself (it scores no token trees); send drafted windows")
+        if session.params.relaxation.lossy:
+            raise InvalidArgument("self_draft", "self-drafted windows are verified losslessly only: not in "
+                                  "relaxed sessions")
+        if window.parent is not None:
+            raise InvalidArgument("self_draft", "a self-drafted window cannot be optimistic (pipelined)")
+        if max(window.base_position, len(session.committed)) + window.self_draft + 1 > self.limits.max_session_tokens:
+            raise InvalidArgument("self_draft", f"session would exceed {self.limits.max_session_tokens} tokens")
+
     def _admit(self, session_id: str, window: Window) -> tuple[WindowResult | None, _Session]:
         """Check a window; the result if it needs no forward (discarded, replayed), else None."""
         session = self._get(session_id)
@@ -284,14 +332,17 @@ class VerifierEngine:
                            optimistic)
         if window.parents:
             self._check_tree(session, window)
+        if window.self_draft:
+            self._check_self_draft(session, window)
         session.last_used = self.clock()
         committed = len(session.committed)
         base = window.base_position
         if optimistic and (base > committed or (base == committed and session.committed[-1] != window.parent)):
             return WindowResult(None, base, committed, 0.0), session
         if base < committed:
-            return self._replay(session, base, (window.draft, window.q, window.parents), optimistic), session
-        self._make_room(committed + len(window.draft), keep=(session_id,))
+            return self._replay(session, base, _key(window), optimistic), session
+        self._make_room(committed + (self.self_draft.nodes if window.self_draft else len(window.draft)),
+                        keep=(session_id,))
         return None, session
 
     def _commit(self, session: _Session, window: Window, logits: np.ndarray, forward_seconds: float,
@@ -314,7 +365,7 @@ class VerifierEngine:
         self.target.crop(session.kv, len(session.committed) - 1)
         result = WindowResult(verdict, window.base_position, len(session.committed),
                               forward_seconds + time.perf_counter() - started, batch_size, batch_tokens)
-        session.replies[window.base_position] = ((draft, q, window.parents), result)
+        session.replies[window.base_position] = (_key(window), result)
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)
         return result
@@ -402,3 +453,8 @@ class VerifierEngine:
         if optimistic:
             return WindowResult(None, base_position, len(session.committed), 0.0)
         raise Aborted(f"stale window at base_position {base_position}", len(session.committed))
+
+
+def _key(window: Window) -> tuple:
+    """What makes a window the same window again (a replay gets the same verdict)."""
+    return window.draft, window.q, window.parents, window.self_draft

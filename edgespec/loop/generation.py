@@ -34,7 +34,7 @@ from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailabl
 from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.routed_drafter import RoutedDrafter
-from edgespec.loop.rounds import DrafterPort
+from edgespec.loop.rounds import CLOUD_DRAFT_MODES, DrafterPort
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.loop.stops import StopCutter, check_stops
@@ -61,11 +61,15 @@ class GenerationConfig:
     pipeline: bool = False         # draft the next window while one is in flight and send it as an optimistic window
     on_verifier_loss: str = "fail" # no verifier reachable: "fail" (Unavailable) | "draft-only" (unverified tokens)
     max_unverified: int = 256      # draft-only: unverified tokens allowed ahead of the verified ones, tokens
-    tree_depth: int = 0            # greedy, blocking rounds: token trees with runner-ups at this many depths (0 = chains, -1 = auto)
+    tree_depth: int = 0            # lossless, blocking rounds: token trees with runner-ups at this many depths (0 = chains, -1 = auto)
+    cloud_draft: str = "off"       # lossless, blocking rounds: the verifier drafts for itself (PTD): "off" | "fallback"
+                                   # (while the edge drafter is down) | "on" (every round)
 
     def __post_init__(self):
         if self.auto_policy not in AUTO_POLICIES:
             raise ValueError(f"auto_policy must be one of {', '.join(AUTO_POLICIES)}, got {self.auto_policy!r}")
+        if self.cloud_draft not in CLOUD_DRAFT_MODES:
+            raise ValueError(f"cloud_draft must be one of {', '.join(CLOUD_DRAFT_MODES)}, got {self.cloud_draft!r}")
         if not -1 <= self.tree_depth <= 4:
             raise ValueError(f"tree_depth must be in 0..4 or -1 (auto), got {self.tree_depth}")
         if self.on_verifier_loss not in ON_VERIFIER_LOSS:
@@ -218,7 +222,8 @@ class Generations:
             rounds = speculate(session, session_id, drafter, self.verifier, policy, params,
                                pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
                                max_unverified=config.max_unverified, telemetry=telemetry,
-                               metrics=self.metrics, max_draft=config.max_window, tree_depth=config.tree_depth)
+                               metrics=self.metrics, max_draft=config.max_window, tree_depth=config.tree_depth,
+                               cloud_draft=config.cloud_draft)
             async with contextlib.aclosing(rounds):   # a stop sequence ends the rounds early (in-flight ones too)
                 async for chunk in rounds:
                     if chunk.unverified:

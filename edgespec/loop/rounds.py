@@ -34,7 +34,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
-from edgespec.control.window import WindowPolicy
+from edgespec.control.window import FixedWindow, WindowPolicy
 from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from edgespec.loop.session import SessionLog
 from edgespec.observe.tracing import SESSION_ID, tracer
@@ -50,6 +50,8 @@ DRAFTER_MAX_REFUSED_BACKOFF_SECONDS = 30.0   # cap of the backoff that doubles w
 # or the session refused (RESOURCE_EXHAUSTED). None of them fails the generation: the verifier alone suffices.
 DRAFTER_FAULTS = (Unavailable, NotFound, Aborted, ResourceExhausted)
 AUTO_TREE_DEPTH = 2   # --tree-depth auto: the most runner-ups a window carries
+SELF_DRAFT_TOKENS = 6  # cloud drafting: the most of its own tokens the verifier may commit before its next one
+CLOUD_DRAFT_MODES = ("off", "fallback", "on")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +93,19 @@ class Rounds:
 
     def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
-                 metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0):
+                 metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0,
+                 cloud_draft: str = "off"):
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
         # token trees: lossless sessions whose drafter port drafts them (turned off for good on the first refusal)
         lossless = not params.relaxation.lossy
         self.tree_depth = tree_depth if lossless and hasattr(drafter, "draft_tree") else 0
+        # cloud drafting (PTD on the verifier): "on" every round, "fallback" while the drafter is down
+        # (turned off for good when the verifier refuses it)
+        if cloud_draft not in CLOUD_DRAFT_MODES:
+            raise ValueError(f"cloud_draft must be one of {CLOUD_DRAFT_MODES}, got {cloud_draft!r}")
+        self.cloud_draft = cloud_draft if lossless else "off"
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (goodput, AWC)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
@@ -114,6 +122,12 @@ class Rounds:
         self.next_seq += 1
         return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent, tuple(parents))
 
+    def self_drafted_window(self) -> Window:
+        """A window the verifier drafts itself (cloud drafting), committing at most what the budget leaves."""
+        limit = min(SELF_DRAFT_TOKENS, self.session.remaining - 1)
+        self.next_seq += 1
+        return Window(self.next_seq - 1, self.session.position, (), (), self.fingerprint, self_draft=max(0, limit))
+
     def start_round(self, optimistic: bool = False) -> Span:
         """The span of one window's round, child of the current span (the generation); not made current."""
         return tracer().start_span("round", attributes={SESSION_ID: self.session_id, "edgespec.optimistic": optimistic})
@@ -125,6 +139,14 @@ class Rounds:
             try:
                 verdict = await self.verifier.verify(self.session_id, window)
             except InvalidArgument as error:
+                if window.self_draft:
+                    # The verifier does not draft for itself (its backend, or this session's decoding): plain
+                    # rounds where cloud drafting would have been, from now on.
+                    log.warning("session %s: the verifier refused to draft for itself (%s); cloud drafting off",
+                                self.session_id, error)
+                    self.cloud_draft = "off"
+                    return await self.verify(Window(window.seq, window.base_position, (), (),
+                                                    window.params_fingerprint))
                 if not window.parents:
                     raise
                 # The verifier does not score trees (its backend, or this session's decoding): chains from now
@@ -224,12 +246,14 @@ class Rounds:
                              verdict.verify_compute_seconds, verdict.queue_depth, verdict.verifier,
                              target_logprob=verdict.target_logprob, batch_windows=verdict.batch_windows,
                              batch_tokens=verdict.batch_tokens, siblings=len(window.draft) - chain,
-                             took_sibling=any(i >= chain for i in verdict.path))
+                             took_sibling=bool(window.draft) and any(i >= chain for i in verdict.path),
+                             self_drafted=verdict.self_drafted)
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
             "edgespec.queue_depth": sample.queue_depth, "edgespec.verifier": sample.link,
-            "edgespec.tree_siblings": sample.siblings, "edgespec.took_sibling": sample.took_sibling})
+            "edgespec.tree_siblings": sample.siblings, "edgespec.took_sibling": sample.took_sibling,
+            "edgespec.self_drafted": sample.self_drafted})
         with tracer().start_as_current_span("commit"):
             position = len(session.generated)
             tokens = session.commit(window.draft, verdict)
@@ -296,10 +320,15 @@ async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
     The seconds returned are the drafting of this window (its catch-up on the tokens committed since the
     drafter last drafted included), not (re)opening the drafter session: that is paid once per session,
     and costing it per drafted token would make the window policy stop drafting for good."""
+    if rounds.cloud_draft == "on" and (k > 0 or not isinstance(rounds.policy, FixedWindow)) \
+            and rounds.session.remaining > 1:
+        return rounds.self_drafted_window(), 0.0   # every round but those asked to be target-only
     started, opening = now(), rounds.open_seconds
     depth = rounds.telemetry.tree_depth(k, AUTO_TREE_DEPTH) if rounds.tree_depth < 0 else rounds.tree_depth
     depth = max(0, min(depth, k, rounds.max_draft - k))
     drafted = await rounds.draft(k, tree_depth=depth) if k > 0 else None
+    if drafted is None and k > 0 and rounds.cloud_draft == "fallback" and rounds.session.remaining > 1:
+        return rounds.self_drafted_window(), 0.0   # the drafter is down: the verifier drafts for itself
     draft, q, parents = drafted if drafted is not None else ([], None, ())
     seconds = now() - started - (rounds.open_seconds - opening)
     return rounds.window(rounds.session.position, draft, q, parents=parents), seconds if draft else 0.0

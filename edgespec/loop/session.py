@@ -27,7 +27,7 @@ class RoundStats:
     def record(self, sample: RoundSample) -> None:
         """Count one committed round."""
         self.rounds += 1
-        self.drafted += sample.k + sample.siblings   # a tree's runner-ups were drafted too
+        self.drafted += sample.k + sample.siblings + sample.self_drafted   # runner-ups and the verifier's own too
         self.accepted += sample.accepted
         self.draft_seconds += sample.draft_seconds
         self.verify_wall_seconds += sample.verify_wall_seconds
@@ -72,7 +72,7 @@ class SessionLog:
 
     def commit(self, draft: Sequence[int], verdict: Verdict) -> list[int]:
         """Commit one round's tokens; return them. (The round is counted by stats.record, from its sample.)"""
-        if verdict.accepted > len(draft):
+        if verdict.accepted > len(verdict.drafted or draft):
             raise ValueError(f"verdict accepts {verdict.accepted} of {len(draft)} draft tokens")
         tokens = verdict.committed(draft)
         if len(tokens) > self.remaining:

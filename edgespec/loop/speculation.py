@@ -44,7 +44,7 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
                     telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
-                    max_draft: int = 16, tree_depth: int = 0) -> AsyncIterator[Chunk]:
+                    max_draft: int = 16, tree_depth: int = 0, cloud_draft: str = "off") -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -60,9 +60,13 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
     tree_depth: lossless sessions (greedy or sampled) in blocking rounds draft token trees
     (edgespec.verify.tree): the window's chain plus a runner-up at each of its first tree_depth positions, all
     verified in one target pass, where both the drafter and the verifier can (else chains). 0 = chains.
+    cloud_draft: blocking rounds of lossless sessions: "on" = the verifier drafts every window itself
+    (Progressive Tree Drafting, edgespec.engines.self_draft; the edge drafter is not used), "fallback" = it
+    does while the edge drafter is down, "off" = target-only rounds then. A verifier that cannot refuses the
+    first such window and the session goes on without.
     """
     rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft,
-                    0 if pipeline else tree_depth)
+                    0 if pipeline else tree_depth, "off" if pipeline else cloud_draft)
     loop = pipelined if pipeline else _blocking
     while session.finish_reason is None:
         try:

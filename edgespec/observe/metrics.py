@@ -62,12 +62,18 @@ class CoordinatorMetrics:
         self.tree_siblings = m.create_counter(
             "edgespec.spec_decode.tree_siblings", "{token}",
             "runner-up nodes drafted beside the chain in token-tree windows, by outcome (taken | not_taken)")
+        self.self_drafted = m.create_counter(
+            "edgespec.spec_decode.self_drafted_tokens", "{token}",
+            "cloud drafting: tokens the verifier guessed and scored itself, by outcome (accepted | rejected)")
 
     def round(self, sample: RoundSample) -> None:
         """One committed round."""
         self.window_size.record(sample.k)
         self.verdict_queue_depth.record(sample.queue_depth)
         self.link_rtt.record(sample.rtt, {"verifier": sample.link})
+        if sample.self_drafted:
+            self.self_drafted.add(sample.accepted, {"outcome": "accepted"})
+            self.self_drafted.add(sample.self_drafted - sample.accepted, {"outcome": "rejected"})
         if sample.k == 0:
             return
         self.drafts.add(1)

@@ -50,7 +50,7 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, committed_position: _Optional[int] = ..., prefill_seconds: _Optional[float] = ...) -> None: ...
 
 class Window(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "draft_tokens", "params_fingerprint", "draft_probs", "optimistic", "parent_token", "trace_context", "draft_parents")
+    __slots__ = ("session_id", "window_seq", "base_position", "draft_tokens", "params_fingerprint", "draft_probs", "optimistic", "parent_token", "trace_context", "draft_parents", "self_draft")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Window(_message.Message):
     PARENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
+    SELF_DRAFT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     window_seq: int
     base_position: int
@@ -78,10 +79,11 @@ class Window(_message.Message):
     parent_token: int
     trace_context: _containers.ScalarMap[str, str]
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
+    self_draft: int
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., self_draft: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob", "batch_windows", "batch_tokens", "accepted_nodes")
+    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob", "batch_windows", "batch_tokens", "accepted_nodes", "drafted_tokens", "self_drafted")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +97,8 @@ class Verdict(_message.Message):
     BATCH_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SELF_DRAFTED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     window_seq: int
     base_position: int
@@ -108,7 +112,9 @@ class Verdict(_message.Message):
     batch_windows: int
     batch_tokens: int
     accepted_nodes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ..., batch_windows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., accepted_nodes: _Optional[_Iterable[int]] = ...) -> None: ...
+    drafted_tokens: _containers.RepeatedScalarFieldContainer[int]
+    self_drafted: int
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ..., batch_windows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., drafted_tokens: _Optional[_Iterable[int]] = ..., self_drafted: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

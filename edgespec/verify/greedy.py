@@ -23,9 +23,14 @@ class Verdict:
     batch_windows: int = field(default=0, compare=False)         # windows in the forward that scored it (0 = unknown)
     batch_tokens: int = field(default=0, compare=False)          # tokens that forward fed, all windows (0 = unknown)
     path: tuple[int, ...] = ()   # a tree window's accepted draft indices, root's child first; () = draft[:n]
+    drafted: tuple[int, ...] = ()  # a self-drafted window (cloud drafting): the accepted tokens the verifier drafted
+    self_drafted: int = field(default=0, compare=False)   # ... and how many it scored (its tree's nodes)
 
     def committed(self, draft: Sequence[int]) -> list[int]:
-        """The tokens this verdict commits: draft[:n] (a tree's: its accepted path) + [next_token]."""
+        """The tokens this verdict commits: draft[:n] (a tree's: its accepted path; a self-drafted window's:
+        the verifier's own accepted tokens) + [next_token]."""
+        if self.drafted:
+            return [*self.drafted, self.next_token]
         accepted = [draft[i] for i in self.path] if self.path else draft[: self.accepted]
         return [*accepted, self.next_token]
 

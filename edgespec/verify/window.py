@@ -20,6 +20,8 @@ class Window:
     params_fingerprint: int = 0    # SamplingParams.fingerprint() the draft was made with
     parent: int | None = None      # optimistic: the assumed token at base_position - 1
     parents: tuple[int, ...] = ()  # a token tree (edgespec.verify.tree): each draft token's parent; () = a chain
+    self_draft: int = 0            # cloud drafting: the verifier drafts this window itself (draft empty),
+                                   # committing at most this many of its own tokens before its next token
 
     @property
     def tree(self) -> TokenTree | None:

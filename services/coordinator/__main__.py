@@ -96,6 +96,14 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "drafter that cannot, chains); 0..4, 0 = chains; auto = per round, 0..2 runner-ups, "
                              "from the verifier's measured forward time by tokens fed and how often the target took "
                              "a runner-up (default %(default)s)")
+    parser.add_argument("--cloud-draft", default="off", choices=["off", "fallback", "on"],
+                        help="speculation without the edge drafter: the verifier drafts for itself (Progressive Tree "
+                             "Drafting: guesses from an n-gram pool of the text and of its own outputs, grown by the "
+                             "target's choices, verified in one pass; torch verifier, lossless requests, blocking "
+                             "rounds). fallback = while the edge drafter is down or refusing (instead of target-only "
+                             "rounds); on = every round (requests with window 0 stay target-only). Each pass feeds "
+                             "the verifier's --self-draft-nodes + 1 tokens: it pays where such a pass costs about "
+                             "one step (GPUs), rarely on a CPU (default %(default)s)")
     parser.add_argument("--on-verifier-loss", default="fail",
                         choices=["fail", "draft-only"],
                         help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
@@ -148,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         http = HttpConfig(a.http_host or a.host, a.http_port, a.served_model_name)
     generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
                                   a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens,
-                                  a.tree_depth)
+                                  a.tree_depth, a.cloud_draft)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
                              upstream_security, observability_config(parser, a), a.router_weights, http)

@@ -108,7 +108,8 @@ class GrpcVerifier:
         return None if reply.discarded else Verdict(
             reply.accepted, reply.next_token, verify_compute_seconds=reply.verify_compute_seconds,
             queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address,
-            batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens, path=tuple(reply.accepted_nodes))
+            batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens, path=tuple(reply.accepted_nodes),
+            drafted=tuple(reply.drafted_tokens), self_drafted=reply.self_drafted)
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

@@ -15,6 +15,7 @@ from edgespec.observe import logs, exporters
 from edgespec.net import rpc
 from edgespec.engines.batching import BatchPolicy
 from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
+from edgespec.engines.self_draft import SelfDraftConfig
 from edgespec.engines.verifier import VerifierLimits
 
 log = logging.getLogger("edgespec.verifier")
@@ -29,6 +30,7 @@ class VerifierConfig:
     limits: VerifierLimits        # windows, session length, KV memory, idle eviction
     backend: str = "torch"        # "torch" (transformers, the bit-exact reference) | "llamacpp" (GGUF)
     profile_window: int = 8       # at start, time one forward over windows of 0..this many tokens (0 = don't)
+    self_draft: SelfDraftConfig = SelfDraftConfig()   # cloud drafting (PTD): the tree's token budget per pass
 
 
 def parse_args(argv: list[str] | None = None) -> VerifierConfig:
@@ -81,8 +83,15 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
                              "tried by this curve, which on a CPU is not monotone (a pass over 4 tokens can cost "
                              "less than one over 3); 0 = skip, and windows are costed by extrapolation until tried "
                              "(default %(default)s)")
+    parser.add_argument("--self-draft-nodes", type=int, default=SelfDraftConfig().nodes,
+                        help="cloud drafting (a coordinator's --cloud-draft; Progressive Tree Drafting): the most "
+                             "guessed tokens the target scores per pass beside the last committed one. Each pass "
+                             "costs a forward over that many tokens + 1 (see the forward profile in the log: on a "
+                             "CPU 16 tokens cost ~3 single steps, on a GPU about one) (default %(default)s)")
     args = parser.parse_args(argv)
     service = model_service_config(parser, args)
+    if not 1 <= args.self_draft_nodes <= 64:
+        parser.error(f"--self-draft-nodes must be in 1..64, got {args.self_draft_nodes}")
     if not 0 <= args.profile_window <= service.max_window:
         parser.error(f"--profile-window must be in 0..--max-window ({service.max_window}), got {args.profile_window}")
     if args.max_batch < 1 or args.max_queue < 1 or args.batch_wait_ms < 0 or args.batch_wait_fraction < 0:
@@ -98,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue, args.batch_wait_fraction),
         VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
                        round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after), args.backend,
-        args.profile_window)
+        args.profile_window, SelfDraftConfig(nodes=args.self_draft_nodes))
 
 
 def load_target(config: VerifierConfig):
@@ -155,7 +164,7 @@ async def main(config: VerifierConfig) -> None:
     worker = ModelWorker("verifier")
     log.info("loading target model %s (%s backend)", service.model, config.backend)
     (target, eos), _ = await worker.call(load_target, config)
-    engine = VerifierEngine(target, eos, fitted_limits(config.limits, target))
+    engine = VerifierEngine(target, eos, fitted_limits(config.limits, target), self_draft=config.self_draft)
     profile = {}
     if config.profile_window:
         started = time.perf_counter()

@@ -86,7 +86,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                           target_logprob=verdict.target_logprob if verdict else 0.0,
                           batch_windows=result.batch_size if verdict else 0,
                           batch_tokens=result.batch_tokens if verdict else 0,
-                          accepted_nodes=verdict.path if verdict else ())
+                          accepted_nodes=verdict.path if verdict else (),
+                          drafted_tokens=verdict.drafted if verdict else (),
+                          self_drafted=verdict.self_drafted if verdict else 0)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
         try:

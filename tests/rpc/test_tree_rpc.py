@@ -60,3 +60,25 @@ def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchan
         tokens, stats = collect(cluster.coordinator.address, prompt, 24, 3, chat=True)
         assert tokens == reference and stats.drafted_tokens > 0
         assert "refused a token tree" in cluster.coordinator.log_path.read_text()
+
+
+REPETITIVE = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor"
+
+
+def test_cloud_drafting_over_grpc_gives_target_only_output(tmp_path):
+    """--cloud-draft on: the verifier drafts every window itself; fallback: it does once the edge drafter is gone."""
+    from bench.cluster import stop_service
+
+    target = "tiny:3"
+    reference = target_only_greedy(target, list(REPETITIVE.encode()), 48)
+    with LocalCluster(tmp_path, verifier_args=["--model", target], drafter_args=["--model", "tiny:3~5"],
+                      coordinator_args=["--tokenizer", "bytes", "--cloud-draft", "on"]) as cluster:
+        tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 3)
+        assert tokens == reference and stats.accepted_tokens > 0 and stats.rounds < 48
+        assert "drafter opened" not in cluster.coordinator.log_path.read_text()   # the edge drafter was never used
+        assert collect(cluster.coordinator.address, REPETITIVE, 16, 0)[1].accepted_tokens == 0   # window 0: target-only
+    with LocalCluster(tmp_path / "fallback", verifier_args=["--model", target], drafter_args=["--model", "tiny:3~5"],
+                      coordinator_args=["--tokenizer", "bytes", "--cloud-draft", "fallback"]) as cluster:
+        stop_service(cluster.drafter)
+        tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 3)
+        assert tokens == reference and stats.accepted_tokens > 0

@@ -364,6 +364,7 @@ def test_prometheus_names_are_the_documented_ones():
     coordinator, verifier, drafter = CoordinatorMetrics(meter), VerifierMetrics(meter), DrafterMetrics(meter)
     coordinator.round(RoundSample(3, 2, 0.01, 0.05, 0.02, 1, "v:1"))
     coordinator.round(RoundSample(3, 1, 0.01, 0.05, 0.02, 1, "v:1", siblings=2, took_sibling=True))
+    coordinator.round(RoundSample(0, 2, 0.0, 0.05, 0.04, 1, "v:1", self_drafted=12))
     coordinator.generation("eos", 10, 0.5)
     coordinator.failover("unreachable")
     verifier.batch(windows=2, tokens=7, seconds=0.03, waiting=1)
