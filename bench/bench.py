@@ -9,7 +9,9 @@
    quantization and each window of --windows, over the same prompts; with
    --tree-depths, also token-tree windows (a second coordinator with
    --tree-depth D on the same drafter and verifier: the window's chain plus the
-   draft's runner-up at its first D positions, scored in one target pass).
+   draft's runner-up at its first D positions, scored in one target pass); with
+   --cloud-draft, also rows where the verifier drafts for itself (a coordinator
+   with --cloud-draft on: Progressive Tree Drafting, no edge drafter).
 Every edgespec row records whether its tokens equal target-only's exactly.
 Speed is reported as ratios of aggregate tokens/s within this run. The child
 process also times one target forward over n = 1..--cost-curve tokens: c(n),
@@ -87,6 +89,36 @@ def markdown(summary: dict, ratios: dict, categories: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def depth_table(rows: list[dict]) -> str:
+    """Per edgespec config: the window the policy chose (mean chain k and runner-ups per round) and the
+    acceptance at each depth (rounds whose accepted path reached it / rounds whose window offered it; for
+    cloud drafting, whose window is the verifier's own, reached / rounds)."""
+    configs: dict[str, dict] = defaultdict(lambda: dict(rounds=0, drafted=0, offered=[], accepted=[]))
+    for row in rows:
+        if "accepted_at_depth" not in row:
+            continue
+        acc = configs[row["config"]]
+        acc["rounds"] += row["rounds"]
+        acc["drafted"] += row["drafted_tokens"]
+        for key, values in (("offered", row["offered_at_depth"]), ("accepted", row["accepted_at_depth"])):
+            acc[key].extend([0] * (len(values) - len(acc[key])))
+            for d, value in enumerate(values):
+                acc[key][d] += value
+    if not configs:
+        return ""
+    lines = ["", "| system | mean k | runner-ups / round | acceptance by depth (1, 2, ...) |", "|---|---|---|---|"]
+    for config, acc in sorted(configs.items()):
+        rounds = max(1, acc["rounds"])
+        chain = sum(acc["offered"])
+        if acc["offered"]:
+            rates = [a / o if o else 0.0 for a, o in zip(acc["accepted"], acc["offered"])]
+        else:
+            rates = [a / rounds for a in acc["accepted"]]
+        lines.append(f"| {config} | {chain / rounds:.2f} | {(acc['drafted'] - chain) / rounds:.2f} | "
+                     + ", ".join(f"{r:.2f}" for r in rates[:8]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="edgespec bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,6 +135,11 @@ def main() -> None:
     parser.add_argument("--tree-depths", default="0,2,auto",
                         help="token-tree rows: runner-ups at this many positions per window, or auto (the "
                              "coordinator's --tree-depth auto); 0 = chains (default %(default)s)")
+    parser.add_argument("--cloud-draft", default="on", choices=["on", "off"],
+                        help="rows where the verifier drafts for itself (coordinator --cloud-draft on; the "
+                             "verifier's --self-draft-nodes budget) beside the edge drafter's (default %(default)s)")
+    parser.add_argument("--self-draft-nodes", type=int, default=12,
+                        help="the verifier's cloud-drafting budget per pass, tokens (default %(default)s)")
     parser.add_argument("--cost-curve", type=int, default=16,
                         help="time one target forward over n = 1..N tokens (0 = skip; default %(default)s)")
     args = parser.parse_args()
@@ -139,8 +176,15 @@ def main() -> None:
     log.info("phase 2/2: edgespec over gRPC on loopback")
     for quantize in args.quantize.split(","):
         with LocalCluster(Path(tempfile.mkdtemp(prefix="edgespec-bench-")),
+                          verifier_args=["--self-draft-nodes", str(args.self_draft_nodes)],
                           drafter_args=["--quantize", quantize], coordinator_args=["--max-window", "16"]) as cluster:
             coordinators = {0: cluster.coordinator.address}
+            cloud = None
+            if args.cloud_draft == "on" and quantize == args.quantize.split(",")[0]:   # no edge drafter: once
+                cloud = start_service("services.coordinator", [
+                    "--verifier", cluster.verifier.address, "--drafter", cluster.drafter.address, "--max-window", "16",
+                    "--cloud-draft", "on"], cluster.log_dir, "coordinator-cloud-draft")
+                cluster.services.append(cloud)
             for depth in depths[1:]:
                 tree = start_service("services.coordinator", [
                     "--verifier", cluster.verifier.address, "--drafter", cluster.drafter.address, "--max-window", "16",
@@ -148,7 +192,7 @@ def main() -> None:
                     f"coordinator-tree{'auto' if depth < 0 else depth}")
                 cluster.services.append(tree)
                 coordinators[depth] = tree.address
-            for address in coordinators.values():
+            for address in [*coordinators.values(), *([cloud.address] if cloud else [])]:
                 asyncio.run(run_edgespec(address, "warm up", 8, 2))
             draft_name = "fp32" if quantize == "none" else quantize
             for index, (category, text) in enumerate(prompts):
@@ -178,6 +222,22 @@ def main() -> None:
                                      identical_to_target=tokens == reference[index], tokens=tokens))
                     log.info("%s prompt %d (%s): %.2f tok/s, acceptance %.2f, identical %s", config, index, category,
                              len(tokens) / seconds, stats.acceptance_rate, tokens == reference[index])
+                    rows[-1].update(offered_at_depth=list(stats.offered_at_depth),
+                                    accepted_at_depth=list(stats.accepted_at_depth))
+                if cloud is not None:
+                    tokens, seconds, stats = asyncio.run(run_edgespec(cloud.address, text, args.max_new_tokens, -1))
+                    config = f"edgespec cloud-draft (PTD, {args.self_draft_nodes} tokens/pass)"
+                    rows.append(dict(system="edgespec-cloud-draft", config=config, category=category, prompt=index,
+                                     window=-1, quantize="-", new_tokens=len(tokens), seconds=seconds,
+                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
+                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
+                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
+                                     verify_wall_seconds=stats.verify_wall_seconds,
+                                     offered_at_depth=list(stats.offered_at_depth),
+                                     accepted_at_depth=list(stats.accepted_at_depth),
+                                     identical_to_target=tokens == reference[index], tokens=tokens))
+                    log.info("%s prompt %d (%s): %.2f tok/s, %.2f tokens/round, identical %s", config, index, category,
+                             len(tokens) / seconds, stats.mean_accepted_length, tokens == reference[index])
 
     summary = summarize(rows)
     target_tps = summary["target-only (HF generate)"]["all"]["tokens_per_second"]
@@ -197,6 +257,8 @@ def main() -> None:
                    "edgespec_vs_hf_assisted": round(summary[best_es]["all"]["tokens_per_second"]
                                                     / summary[best_hf]["all"]["tokens_per_second"], 3),
                    "hf_assisted_vs_target": round(summary[best_hf]["all"]["tokens_per_second"] / target_tps, 3)}
+    for key in (k for k in summary if k.startswith("edgespec cloud-draft")):
+        ratios["cloud_draft_vs_target"] = round(summary[key]["all"]["tokens_per_second"] / target_tps, 3)
     sampled = [k for k in summary if k.startswith("edgespec sampling")]
     if sampled:
         ratios["edgespec_sampling_vs_target_sampling"] = round(
@@ -207,7 +269,7 @@ def main() -> None:
             summary[best_es][category]["tokens_per_second"] / summary["target-only (HF generate)"][category]["tokens_per_second"], 3)
     machine = dict(platform=platform.platform(), python=platform.python_version(), cpus=__import__("os").cpu_count())
     curve = {int(n): s for n, s in baseline.get("cost_curve", {}).items()}
-    table = markdown(summary, ratios, categories)
+    table = markdown(summary, ratios, categories) + depth_table(rows)
     if curve:
         table += ("\nc(n), one target forward over n tokens over one over 1 token (the cost of a window or tree of "
                   "n - 1 tokens): " + ", ".join(f"{n}: {s / curve[1]:.2f}" for n, s in sorted(curve.items())) +

@@ -133,6 +133,8 @@ class GenerationStats:
     lossy: bool                    # relaxed verification: not exactly the target's output
     drafter: str                   # drafter(s) that served, by name; "a>b" when the router switched
     stop_sequence: str = ""        # finish_reason "stop": the stop sequence that ended the text
+    offered_at_depth: list[int] = field(default_factory=list)    # [d - 1]: edge windows drafting a token at depth d
+    accepted_at_depth: list[int] = field(default_factory=list)   # [d - 1]: rounds whose accepted path reached depth d
 
 
 class TokenizerPort(Protocol):
@@ -288,7 +290,8 @@ class Generations:
             target_logprob=rounds.target_logprob / len(session.generated) if session.generated else 0.0,
             lossy=params.relaxation.lossy,
             drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters)),
-            stop_sequence=cutter.matched or "")
+            stop_sequence=cutter.matched or "", offered_at_depth=list(rounds.offered_at_depth),
+            accepted_at_depth=list(rounds.accepted_at_depth))
 
     async def _validate(self, request: GenerationRequest) -> _Plan:
         config = self.config

@@ -23,6 +23,10 @@ class RoundStats:
     optimistic_hits: int = 0     # of those, the ones whose assumption held (verified, not discarded)
     degraded: int = 0            # times no verifier was reachable and unverified drafting began
     target_logprob: float = 0.0  # sum of the target's T=1 log-probabilities of the verified tokens (nats)
+    # Acceptance by depth: [d - 1] = rounds whose window offered a token at depth d (an edge window: its chain of
+    # k; a self-drafted one: unknown to the coordinator, not counted), and rounds whose accepted path reached it.
+    offered_at_depth: list[int] = field(default_factory=list)
+    accepted_at_depth: list[int] = field(default_factory=list)
 
     def record(self, sample: RoundSample) -> None:
         """Count one committed round."""
@@ -32,6 +36,8 @@ class RoundStats:
         self.draft_seconds += sample.draft_seconds
         self.verify_wall_seconds += sample.verify_wall_seconds
         self.target_logprob += sample.target_logprob
+        _count_to(self.offered_at_depth, sample.k)
+        _count_to(self.accepted_at_depth, sample.accepted)
 
     @property
     def acceptance_rate(self) -> float:
@@ -84,3 +90,10 @@ class SessionLog:
             self.finish_reason = "length"
         return tokens
 
+
+
+def _count_to(counts: list[int], depth: int) -> None:
+    """One more at each of depths 1..depth (counts[d - 1])."""
+    counts.extend([0] * (depth - len(counts)))
+    for d in range(depth):
+        counts[d] += 1

@@ -22,6 +22,9 @@ def test_tree_windows_over_grpc_give_target_only_greedy_output(tmp_path, depth):
                 tokens, stats = collect(cluster.coordinator.address, prompt, 48, window)
                 assert tokens == target_only_greedy(target, list(prompt.encode()), 48), (prompt, window)
                 assert stats.accepted_tokens + stats.rounds == len(tokens)
+                # acceptance by depth: every accepted token counted once at its depth, never past what was offered
+                assert sum(stats.accepted_at_depth) == stats.accepted_tokens
+                assert all(a <= o for a, o in zip(stats.accepted_at_depth, stats.offered_at_depth))
             if depth == "2":   # window 3 with two runner-ups: up to 5 tokens drafted per round, more than a chain
                 tokens, stats = collect(cluster.coordinator.address, prompt, 48, 3)
                 assert stats.drafted_tokens > 3 * stats.rounds
@@ -75,6 +78,7 @@ def test_cloud_drafting_over_grpc_gives_target_only_output(tmp_path):
                       coordinator_args=["--tokenizer", "bytes", "--cloud-draft", "on"]) as cluster:
         tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 3)
         assert tokens == reference and stats.accepted_tokens > 0 and stats.rounds < 48
+        assert sum(stats.accepted_at_depth) == stats.accepted_tokens and not stats.offered_at_depth
         assert "drafter opened" not in cluster.coordinator.log_path.read_text()   # the edge drafter was never used
         assert collect(cluster.coordinator.address, REPETITIVE, 16, 0)[1].accepted_tokens == 0   # window 0: target-only
     with LocalCluster(tmp_path / "fallback", verifier_args=["--model", target], drafter_args=["--model", "tiny:3~5"],
