@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                         help="on: while a window is being verified, draft the next one assuming full acceptance and "
                              "send it at once (hides the link RTT); off: one window at a time (default %(default)s)")
     parser.add_argument("--tree-depth", type=tree_depth, default=0,
-                        help="greedy requests, blocking rounds: draft token trees — the window's chain plus the draft "
+                        help="lossless requests (greedy or sampled), blocking rounds: draft token trees — the window's chain plus the draft "
                              "model's runner-up at each of its first N positions — and verify all of it in one target "
                              "pass, accepting the longest path the target takes (torch verifier; with a verifier or "
                              "drafter that cannot, chains); 0..4, 0 = chains; auto = per round, 0..2 runner-ups, "
