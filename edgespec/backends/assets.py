@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -149,3 +150,87 @@ def ensure_gguf(which: str) -> Path:
     os.replace(assemble_gguf(model, work), final)
     shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+# ---- Models a user already has: a path, or a Hugging Face id in the local Hugging Face cache ----------------------
+# Nothing is downloaded: an id resolves only from the cache (huggingface_hub's own offline lookup).
+
+class ModelNotFoundError(ModelAssetError, FileNotFoundError):
+    """A model given on the command line is neither on disk nor in the local Hugging Face cache."""
+
+
+HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")   # ORG/NAME, as the Hub spells ids
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, found as huggingface_hub finds it but read now (not at import): HF_HUB_CACHE,
+    else HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub (HF_HOME: $XDG_CACHE_HOME/huggingface, ~/.cache/huggingface)."""
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        cache = os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def is_hf_id(spec: str) -> bool:
+    """``spec`` names a Hugging Face repository (ORG/NAME) rather than something on disk."""
+    return HF_ID.fullmatch(spec) is not None and not Path(spec).exists()
+
+
+def hf_snapshot(repo_id: str) -> Path:
+    """The local snapshot of ``repo_id`` (its main revision) in the Hugging Face cache, never downloaded."""
+    cache = hf_hub_cache()
+    how = (f"fetch it once where the Hub is reachable (`hf download {repo_id}`, with HF_HUB_CACHE={cache} or "
+           f"HF_HOME set alike), or give --model a local model directory")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        raise ModelNotFoundError(f"model {repo_id!r} is a Hugging Face id, but huggingface_hub is not installed "
+                                 f"to read the Hugging Face cache (pip install huggingface_hub); or give a local "
+                                 f"model directory") from None
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError:    # also an incomplete snapshot (IncompleteSnapshotError)
+        raise ModelNotFoundError(f"model {repo_id!r} is not in the Hugging Face cache {cache} (looked up offline; "
+                                 f"edgespec never downloads): {how}") from None
+    except HFValidationError as error:
+        raise ModelNotFoundError(f"model {repo_id!r}: not a valid Hugging Face id ({error})") from None
+
+
+def local_model(spec: str) -> Path:
+    """A model given as a path (a directory or a file) or as a Hugging Face id in the local cache."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if is_hf_id(spec):
+        return hf_snapshot(spec)
+    raise ModelNotFoundError(f"model {spec!r}: no such file or directory (a model is 'target', 'draft', "
+                             f"'smollm2', 'tiny:SEED', a model directory, a .gguf file or a Hugging Face id "
+                             f"ORG/NAME in the local Hugging Face cache)")
+
+
+def resolve_spec(spec: str) -> str:
+    """``spec`` as something loaders that know only paths and packaged names take: a Hugging Face id becomes its
+    local snapshot directory; anything else is returned as it is."""
+    return str(hf_snapshot(spec)) if is_hf_id(spec) else spec
+
+
+def gguf_spec(spec: str) -> str:
+    """``spec`` for the llama.cpp backend: a packaged name as it is; a Hugging Face id as the one .gguf file of its
+    local snapshot; a path as it is when it is a .gguf file. Anything else is a ModelNotFoundError saying why."""
+    if spec in PACKAGED:
+        return spec
+    path = local_model(spec)
+    if path.is_dir():
+        files = sorted(path.glob("*.gguf"))
+        if is_hf_id(spec) and len(files) == 1:
+            return str(files[0])
+        held = f"{len(files)} .gguf files ({', '.join(f.name for f in files[:4])})" if files else "no .gguf file"
+        raise ModelNotFoundError(f"model {spec!r}: the llama.cpp backend takes a .gguf file, and {path} is a directory "
+                                 f"holding {held}: give --model the path of one")
+    if path.suffix != ".gguf":
+        raise ModelNotFoundError(f"model {spec!r}: the llama.cpp backend takes a .gguf file ('target', 'draft', "
+                                 f"'smollm2', a path, or a Hugging Face id whose snapshot holds one)")
+    return str(path)

@@ -27,9 +27,9 @@ class ObservabilityConfig:
 class ModelServiceConfig:
     host: str                # interface to bind
     port: int                # TCP port (0 = any free port)
-    model: str               # "target", "draft", "tiny:SEED[~NOISE]" or a model directory
+    model: str               # "target", "draft", "tiny:SEED[~NOISE]", a model directory, a .gguf file or ORG/NAME
     device: str              # "auto" (GPU if present), "cpu", "cuda", "cuda:N"
-    dtype: str               # float32 | bfloat16 | float16
+    dtype: str               # float32 | bfloat16 | float16 | auto (the checkpoint's; float32 on CPUs without bf16)
     threads: int             # CPU threads of the model backend (0 = the backend's default)
     max_window: int          # largest draft window handled, tokens
     max_session_tokens: int  # largest committed length of a session, tokens
@@ -116,7 +116,10 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
     parser.add_argument("--port", type=int, default=port, help="port, 0 = any free (default %(default)s)")
     parser.add_argument("--model", default=model, help=f"{model_help} (default %(default)s)")
     parser.add_argument("--device", default=device, help="auto (GPU if present) | cpu | cuda | cuda:N (default %(default)s)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"],
+                        help="torch backend: weights and compute dtype. float32 is the bit-exact reference; auto = "
+                             "the checkpoint's own (its config.json), except float32 on a CPU without native "
+                             "bfloat16 (said in the log) (default %(default)s)")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads of the model backend (torch, ONNX Runtime, llama.cpp); 0 = its default")
     parser.add_argument("--max-window", type=int, default=16, help="largest window, tokens (default %(default)s)")

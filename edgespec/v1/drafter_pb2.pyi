@@ -12,20 +12,22 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_window", "backend", "device", "dtype")
+    __slots__ = ("model", "vocab_size", "max_window", "backend", "device", "dtype", "eos_token_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_WINDOW_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_window: int
     backend: str
     device: str
     dtype: str
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DrafterOpenRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "sampling", "q_ids")

@@ -62,12 +62,15 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "request from the prompt and learns from the acceptance each session observes, switching "
                              "a session's drafter once if another is clearly faster (default %(default)s)")
     parser.add_argument("--router-weights", default="",
-                        help="router weights JSON (edgespec train-router); default: the shipped ones")
+                        help="router weights JSON (written by `edgespec bench-drafters --weights-out FILE`); "
+                             "default: the shipped ones")
     parser.add_argument("--verifier", default="127.0.0.1:50061",
                         help="verifier pool: comma-separated host:port list. Each session lives on one verifier and "
                              "is re-opened on another (with its committed prefix) if that one fails (default %(default)s)")
     parser.add_argument("--tokenizer", default="draft",
-                        help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models) or a directory")
+                        help="'draft'/'target' (the packaged pair's tokenizer), 'bytes' (tiny test models), a directory, "
+                             "or a Hugging Face id ORG/NAME from the local Hugging Face cache (the verifier's --model; "
+                             "never downloaded) (default %(default)s)")
     parser.add_argument("--window", type=window_arg, default=-1,
                         help="default draft window: 'auto' (goodput policy: the k maximising expected tokens/s from "
                              "measured acceptance, draft and verify times), or a fixed k; 0 = target-only (default auto)")
@@ -199,17 +202,19 @@ async def main(config: CoordinatorConfig) -> None:
     from edgespec.observe.metrics import CoordinatorMetrics
     from edgespec.loop.pool import VerifierPool
     from edgespec.net.security import SessionOwners, server_parts
+    from edgespec.backends.assets import resolve_spec
     from edgespec.backends.tokenizer import load_tokenizer
     from edgespec.v1 import coordinator_pb2
     from services.coordinator.chat_template import ChatTemplateTokenizer
     from services.coordinator.clients import GrpcDrafter, GrpcVerifier
-    from services.coordinator.readiness import follow_verifier_health
+    from services.coordinator.readiness import check_vocabularies, follow_verifier_health
     from services.coordinator.servicer import CoordinatorServicer, register
 
     exports = exporters.setup("edgespec-coordinator", config.observability.metrics_port,
                                   config.observability.otlp_endpoint, config.host)
     metrics = CoordinatorMetrics()
-    tokenizer = ChatTemplateTokenizer(load_tokenizer(config.tokenizer))   # chat turns through its template
+    # A Hugging Face id as its snapshot in the local cache; chat turns go through the tokenizer's template.
+    tokenizer = ChatTemplateTokenizer(load_tokenizer(resolve_spec(config.tokenizer)))
     drafters = {name: GrpcDrafter(address, config.deadline_seconds, config.q_ids, config.upstream)
                 for name, address in config.drafters.items()}
     router = None
@@ -231,6 +236,7 @@ async def main(config: CoordinatorConfig) -> None:
         verifiers_changed.set()
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
+    watchers.append(asyncio.ensure_future(check_vocabularies(endpoints, drafters)))   # logs a tokenizer mismatch
     owners = SessionOwners.for_security(config.security)   # generations in progress per client identity
     servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics)
     credentials, interceptors = server_parts(config.security, owners)

@@ -45,3 +45,70 @@ async def follow_verifier_health(health, names: Sequence[str], pool: VerifierPoo
             await asyncio.wait_for(changed.wait(), REASSERT_SECONDS)
         except asyncio.TimeoutError:
             pass
+
+
+# ---- Do the drafters speak the verifier's tokens? ------------------------------------------------------------------
+
+VOCAB_CHECK_RETRY_SECONDS = (1.0, 30.0)   # first and largest wait between Info attempts (doubling)
+
+
+def vocabulary_mismatch(verifier, drafter, drafter_name: str = "draft") -> list[str]:
+    """What says that a drafter (its Info) drafts in another token space than the verifier (its Info): [] when
+    nothing does. Token ids are compared, not names: a draft model is usually another model of the target's
+    family. A smaller draft vocabulary alone is no sign (models of one family pad their embedding tables to
+    different sizes: Qwen2.5-7B 152064, Qwen2.5-0.5B 151936); a larger one, or no end-of-sequence id in common,
+    is."""
+    problems = []
+    who = f"drafter {drafter_name} ({drafter.model or '?'})"
+    target = f"verifier ({verifier.model or '?'})"
+    if drafter.vocab_size > verifier.vocab_size:
+        problems.append(f"{who} has a vocabulary of {drafter.vocab_size} ids but {target} accepts only "
+                        f"{verifier.vocab_size}")
+    draft_eos, target_eos = set(drafter.eos_token_ids), set(verifier.eos_token_ids)
+    if draft_eos and target_eos and not draft_eos & target_eos:
+        problems.append(f"{who} ends sequences with ids {sorted(draft_eos)}, {target} with {sorted(target_eos)}")
+    if problems:
+        problems.append("they do not share a tokenizer, so its drafts are mostly rejected (or refused as "
+                        "INVALID_ARGUMENT): serve a draft model of the target's family, or run the drafter with "
+                        "--cross-tokenizer TARGET_TOKENIZER (the verifier's model or 'target'), which drafts in the "
+                        "target's ids through text")
+    return problems
+
+
+async def check_vocabularies(verifiers: dict, drafters: dict) -> list[str]:
+    """Once a verifier and each drafter answer Info, log an error for every drafter whose token space is not
+    the verifier's (vocabulary_mismatch). Peers that are not up yet are asked again, backing off; runs until
+    every drafter has answered (or it is cancelled). Returns the problems found."""
+    from edgespec.v1 import drafter_pb2
+
+    wait, found = VOCAB_CHECK_RETRY_SECONDS[0], []
+    verifier_info = None
+    pending = dict(drafters)
+    while pending:
+        if verifier_info is None:
+            for endpoint in verifiers.values():
+                try:
+                    verifier_info = await endpoint.info()
+                    break
+                except Exception as error:    # down or refusing: ask again later
+                    log.debug("vocabulary check: verifier %s: %s", endpoint.address, error)
+        if verifier_info is not None:
+            for name, drafter in list(pending.items()):
+                try:
+                    # The drafter client has no Info method of its own: its stub, through its error mapping.
+                    info = await drafter._call(drafter._stub.Info, drafter_pb2.DrafterInfoRequest())
+                except Exception as error:
+                    log.debug("vocabulary check: drafter %s: %s", name, error)
+                    continue
+                del pending[name]
+                problems = vocabulary_mismatch(verifier_info, info, name)
+                if problems:
+                    log.error("drafter %s does not draft in the verifier's tokens: %s", name, "; ".join(problems))
+                    found += problems
+                else:
+                    log.info("drafter %s (%s, %d ids) drafts in the tokens of the verifier (%s, %d ids)", name,
+                             info.model, info.vocab_size, verifier_info.model, verifier_info.vocab_size)
+        if pending:
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, VOCAB_CHECK_RETRY_SECONDS[1])
+    return found

