@@ -117,7 +117,7 @@ def secret_behind(pod: dict, c: dict, path: str) -> tuple[str, str]:
 def test_default_render_has_the_expected_objects(default_objects):
     assert Counter(o["kind"] for o in default_objects) == {
         "ServiceAccount": 1, "Service": 2, "StatefulSet": 1, "HorizontalPodAutoscaler": 1,
-        "PodDisruptionBudget": 1, "Deployment": 1}
+        "PodDisruptionBudget": 1, "Deployment": 1, "NetworkPolicy": 2}
     assert all(o["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE for o in default_objects)
 
 
@@ -169,8 +169,19 @@ def test_helm_lint_passes(helm, values):
     ("metrics:\n  port: 65535\n", "port"),                                   # the drafter takes port + 1
     ("logFormat: xml\n", "logFormat"),
     ("otlpEndpoint: collector:4317\n", "otlpEndpoint"),                       # a URL: http:// or https://
+    ("verifier:\n  config:\n    device: cuda\n", "variant"),                   # CUDA with the CPU image
+    ("verifier:\n  config:\n    device: cuda:1\n", "variant"),
+    ("edge:\n  drafter:\n    config:\n      device: cuda\n", "variant"),
+    ("verifier:\n  image:\n    variant: rocm\n", "variant"),
+    ("verifier:\n  autoscaling:\n    loadMetric: prometheus\n", "loadMetric"),
+    ("verifier:\n  autoscaling:\n    windowsWaitingTarget: 0\n", "windowsWaitingTarget"),
+    ("networkPolicy:\n  enable: false\n", "enable"),
+    ("networkPolicy:\n  metricsFrom: {podSelector: {}}\n", "metricsFrom"),
+    ("metrics:\n  serviceMonitor:\n    interval: 30\n", "interval"),
 ], ids=["top-level-typo", "typo", "root", "chart-owned-flag", "probe-type", "dtype", "tls-typo", "metrics-typo",
-        "metrics-port", "log-format", "otlp-endpoint"])
+        "metrics-port", "log-format", "otlp-endpoint", "cuda-on-cpu-image", "cuda-n-on-cpu-image",
+        "drafter-cuda-on-cpu-image", "image-variant", "load-metric", "windows-target", "netpol-typo", "netpol-peers",
+        "scrape-interval"])
 def test_values_schema_rejects_bad_values(helm, tmp_path, bad, named):
     values = tmp_path / "bad.yaml"
     values.write_text(bad)
@@ -378,7 +389,7 @@ def test_coordinator_lists_every_verifier_pod_it_may_have(default_objects, secur
 def test_an_explicit_verifier_pool_replaces_the_in_cluster_one(helm):
     objects = helm.render("--set", "verifier.enabled=false",
                           "--set-json", 'edge.coordinator.verifiers=["v1.cloud.example:50061","v2.cloud.example:50061"]')
-    assert {o["kind"] for o in objects} == {"ServiceAccount", "Service", "Deployment"}
+    assert {o["kind"] for o in objects} == {"ServiceAccount", "Service", "Deployment", "NetworkPolicy"}
     coordinator = env(container(objects, EDGE, "coordinator"))
     assert coordinator["EDGESPEC_COORDINATOR_VERIFIER"] == "v1.cloud.example:50061,v2.cloud.example:50061"
 
@@ -541,3 +552,249 @@ def test_images_default_to_the_chart_app_version(default_objects):
     assert container(default_objects, STS, "verifier")["image"] == f"edgespec-cloud:{app_version}"
     for name in ("coordinator", "drafter"):
         assert container(default_objects, EDGE, name)["image"] == f"edgespec-edge:{app_version}"
+
+
+# --- operators' objects: ServiceMonitor, load-based autoscaling, NetworkPolicy, GPU images ----------------
+
+# Custom resources: kubernetes-validate ships no schema for them, so they are checked structurally below
+# (kind, apiVersion, selector, and that what they point at exists in the same render).
+CRDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "ScaledObject": "keda.sh/v1alpha1"}
+WAITING = "edgespec_verifier_num_windows_waiting"
+KEDA = ("--set", "verifier.autoscaling.loadMetric=keda,verifier.autoscaling.keda.serverAddress=http://prom.mon:9090")
+EVERYTHING_ON = ("--set", "metrics.serviceMonitor.enabled=true,networkPolicy.enabled=true", *KEDA)
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return bool(selector) and selector.items() <= (labels or {}).items()
+
+
+def pods_of(objects: list[dict]) -> list[tuple[dict, dict]]:
+    """(pod labels, pod spec) of every workload."""
+    return [(o["spec"]["template"]["metadata"]["labels"], o["spec"]["template"]["spec"]) for o in objects
+            if o["kind"] in ("StatefulSet", "Deployment")]
+
+
+def container_port_names(objects: list[dict], selector: dict) -> set[str]:
+    return {p["name"] for labels, spec in pods_of(objects) if selects(selector, labels)
+            for c in spec["containers"] for p in c.get("ports", [])}
+
+
+def check_service_monitor(sm: dict, objects: list[dict]) -> None:
+    assert sm["apiVersion"] == CRDS["ServiceMonitor"] and sm["metadata"]["name"]
+    selector = sm["spec"]["selector"]["matchLabels"]
+    services = [s for s in objects if s["kind"] == "Service" and selects(selector, s["metadata"]["labels"])]
+    assert services, f"ServiceMonitor {sm['metadata']['name']} selects no Service"
+    assert sm["spec"]["endpoints"]
+    for endpoint in sm["spec"]["endpoints"]:
+        assert endpoint["path"] == "/metrics" and endpoint["scheme"] == "http"
+        for service in services:   # the port exists on the Service and reaches a named container port
+            [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+            assert port["targetPort"] in container_port_names(objects, service["spec"]["selector"]), port
+
+
+def check_scaled_object(so: dict, objects: list[dict]) -> None:
+    assert so["apiVersion"] == CRDS["ScaledObject"] and so["metadata"]["name"]
+    target = so["spec"]["scaleTargetRef"]
+    assert [o for o in objects if o["kind"] == target["kind"] and o["metadata"]["name"] == target["name"]
+            and o["apiVersion"] == target["apiVersion"]], target
+    assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+    assert so["spec"]["triggers"] and all(t["type"] and t["metadata"] for t in so["spec"]["triggers"])
+
+
+def validate_all(objects: list[dict], version: str = K8S_VERSION) -> None:
+    """Built-in kinds against the Kubernetes schemas (strict); the CRDs structurally (they have none there)."""
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            check_service_monitor(obj, objects)
+        elif obj["kind"] == "ScaledObject":
+            check_scaled_object(obj, objects)
+        else:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_no_custom_resources_by_default(default_objects, secure_objects):
+    for objects in (default_objects, secure_objects):
+        assert not [o for o in objects if o["kind"] in CRDS]
+        assert not [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"].endswith("-metrics")]
+
+
+@pytest.mark.parametrize("variant", ["default", "secure"])
+@pytest.mark.parametrize("version", [K8S_VERSION, K8S_FLOOR])
+def test_everything_on_renders_and_validates(helm, variant, version):
+    objects = helm.render(*EVERYTHING_ON, *(["-f", str(SECURE_VALUES)] if variant == "secure" else []),
+                          kube_version=version)
+    assert Counter(o["kind"] for o in objects if o["kind"] in (*CRDS, "NetworkPolicy", "HorizontalPodAutoscaler")) \
+        == {"ServiceMonitor": 2, "ScaledObject": 1, "NetworkPolicy": 2}
+    validate_all(objects, version)
+
+
+def test_the_structural_checks_can_fail(helm):
+    objects = helm.render("--set", "metrics.serviceMonitor.enabled=true")
+    sm = yaml.safe_load(yaml.safe_dump(one(objects, "ServiceMonitor", f"{FULLNAME}-verifier")))
+    sm["spec"]["endpoints"][0]["port"] = "grpc-metrics"
+    with pytest.raises(ValueError):
+        check_service_monitor(sm, objects)
+    sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "nothing"
+    with pytest.raises(AssertionError):
+        check_service_monitor(sm, objects)
+
+
+def test_service_monitors_scrape_every_metrics_port(helm):
+    objects = helm.render("--set", "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.interval=15s",
+                          "--set-string", "metrics.serviceMonitor.labels.release=kps")
+    verifier, edge = one(objects, "ServiceMonitor", STS), one(objects, "ServiceMonitor", EDGE)
+    assert [e["port"] for e in verifier["spec"]["endpoints"]] == ["metrics"]
+    assert [e["port"] for e in edge["spec"]["endpoints"]] == ["metrics", "drafter-metrics"]
+    for sm in (verifier, edge):
+        assert sm["metadata"]["labels"]["release"] == "kps"     # what Prometheus' serviceMonitorSelector matches
+        assert {e["interval"] for e in sm["spec"]["endpoints"]} == {"15s"}
+    metrics = one(objects, "Service", f"{EDGE}-metrics")
+    assert metrics["spec"]["clusterIP"] == "None"               # in-cluster only, not on the client-facing Service
+    assert {p["name"]: p["port"] for p in metrics["spec"]["ports"]} == {"metrics": METRICS_PORT,
+                                                                        "drafter-metrics": METRICS_PORT + 1}
+    assert [s for s in objects if s["kind"] == "Service" and selects(edge["spec"]["selector"]["matchLabels"],
+                                                                      s["metadata"]["labels"])] == [metrics]
+    validate_all(objects)
+    scraped = {(s["metadata"]["name"], e["port"]) for sm in (verifier, edge) for e in sm["spec"]["endpoints"]
+               for s in objects if s["kind"] == "Service" and selects(sm["spec"]["selector"]["matchLabels"],
+                                                                       s["metadata"]["labels"])}
+    assert scraped == {(HEADLESS, "metrics"), (f"{EDGE}-metrics", "metrics"), (f"{EDGE}-metrics", "drafter-metrics")}
+
+
+def test_service_monitor_follows_the_components(helm):
+    objects = helm.render("--set", "metrics.serviceMonitor.enabled=true,edge.enabled=false,"
+                          "networkPolicy.enabled=false")
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceMonitor"] == [STS]
+    objects = helm.render("--set", "metrics.serviceMonitor.enabled=true,verifier.enabled=false",
+                          "--set-json", 'edge.coordinator.verifiers=["v1.example:50061"]')
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceMonitor"] == [EDGE]
+    validate_all(objects)
+    done = helm.template("--set", "metrics.serviceMonitor.enabled=true,metrics.enabled=false")
+    assert done.returncode != 0 and "metrics.serviceMonitor.enabled needs metrics.enabled" in done.stderr
+
+
+def test_hpa_scales_on_cpu_alone_without_an_adapter(default_objects):
+    hpa = one(default_objects, "HorizontalPodAutoscaler")
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["Resource"]
+
+
+@pytest.mark.parametrize("kind", ["Pods", "External"])
+def test_hpa_scales_on_windows_waiting_through_an_adapter(helm, kind):
+    objects = helm.render("--set", f"verifier.autoscaling.loadMetric={kind.lower()},"
+                          "verifier.autoscaling.windowsWaitingTarget=6")
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    cpu, load = hpa["spec"]["metrics"]
+    assert cpu["resource"]["name"] == "cpu"                  # CPU stays: the HPA takes the larger proposal
+    assert load["type"] == kind
+    spec = load[kind.lower()]
+    assert spec["metric"]["name"] == WAITING
+    assert spec["target"] == {"type": "AverageValue", "averageValue": "6"}
+    if kind == "External":   # this release's verifier pods, every one the StatefulSet can have
+        [pods] = spec["metric"]["selector"]["matchExpressions"]
+        assert pods["key"] == "pod" and pods["values"] == [f"{STS}-{i}" for i in range(4)]
+        assert spec["metric"]["selector"]["matchLabels"] == {"namespace": NAMESPACE}
+    assert not [o for o in objects if o["kind"] == "ScaledObject"]
+    validate_all(objects)
+    validate_all(helm.render("--set", f"verifier.autoscaling.loadMetric={kind.lower()}", kube_version=K8S_FLOOR),
+                 K8S_FLOOR)
+
+
+def test_keda_replaces_the_hpa(helm):
+    objects = helm.render(*KEDA)
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"], "KEDA makes its own HPA"
+    so, sts = one(objects, "ScaledObject"), one(objects, "StatefulSet")
+    assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": STS}
+    assert "replicas" not in sts["spec"], "KEDA's HPA owns the replica count"
+    assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 4)
+    prometheus, cpu = so["spec"]["triggers"]
+    assert prometheus["type"] == "prometheus"
+    assert prometheus["metadata"]["serverAddress"] == "http://prom.mon:9090"
+    assert prometheus["metadata"]["query"] == (f'sum({WAITING}{{namespace="{NAMESPACE}", pod=~"{STS}-[0-9]+"}})')
+    assert prometheus["metadata"]["threshold"] == "4"
+    assert cpu == {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}
+    assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
+        "stabilizationWindowSeconds"] == 600
+    validate_all(objects)
+    objects = helm.render(*KEDA, "--set-string", "verifier.autoscaling.keda.query=sum(x)")
+    assert one(objects, "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"] == "sum(x)"
+    assert not [o for o in helm.render(*KEDA, "--set", "verifier.autoscaling.enabled=false")
+                if o["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
+
+
+def test_keda_needs_a_prometheus_address(helm):
+    done = helm.template("--set", "verifier.autoscaling.loadMetric=keda")
+    assert done.returncode != 0 and "keda.serverAddress" in done.stderr, done.stderr
+
+
+def ingress_rules(policy: dict) -> dict[str, list]:
+    """port name -> the `from` peers of the rule that opens it (None: from anywhere)."""
+    return {p["port"]: rule.get("from") for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+
+
+def test_network_policies_let_only_the_coordinator_reach_the_model_services(default_objects):
+    verifier, edge = one(default_objects, "NetworkPolicy", STS), one(default_objects, "NetworkPolicy", EDGE)
+    sts, deployment = one(default_objects, "StatefulSet"), one(default_objects, "Deployment")
+    verifier_pods = sts["spec"]["template"]["metadata"]["labels"]
+    edge_pods = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selects(verifier["spec"]["podSelector"]["matchLabels"], verifier_pods)
+    assert not selects(verifier["spec"]["podSelector"]["matchLabels"], edge_pods)
+    assert selects(edge["spec"]["podSelector"]["matchLabels"], edge_pods)
+    assert not selects(edge["spec"]["podSelector"]["matchLabels"], verifier_pods)
+    for policy in (verifier, edge):
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        names = container_port_names(default_objects, policy["spec"]["podSelector"]["matchLabels"])
+        assert set(ingress_rules(policy)) <= names, "every port a policy opens is a container port it selects"
+    rules = ingress_rules(verifier)
+    assert set(rules) == {"grpc", "metrics"}
+    [coordinators] = rules["grpc"]                           # the edge pods (the coordinator) and no one else
+    assert set(coordinators) == {"podSelector"} and selects(coordinators["podSelector"]["matchLabels"], edge_pods)
+    assert not selects(coordinators["podSelector"]["matchLabels"], verifier_pods)
+    prometheus = [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert rules["metrics"] == prometheus
+    rules = ingress_rules(edge)
+    # the drafter's gRPC port is open to no one: the coordinator dials it on loopback, inside the pod
+    assert set(rules) == {"coordinator", "metrics", "drafter-metrics"}
+    assert "drafter" in container_port_names(default_objects, edge["spec"]["podSelector"]["matchLabels"])
+    assert rules["coordinator"] is None                      # edge clients, from anywhere by default
+    assert rules["metrics"] == rules["drafter-metrics"] == prometheus
+
+
+def test_network_policy_values(helm):
+    assert not [o for o in helm.render("--set", "networkPolicy.enabled=false") if o["kind"] == "NetworkPolicy"]
+    objects = helm.render("--set-json", 'networkPolicy.metricsFrom=[]',
+                          "--set-json", 'networkPolicy.clientsFrom=[{"ipBlock":{"cidr":"10.0.0.0/8"}}]',
+                          "--set-json", 'networkPolicy.verifierFrom=[{"ipBlock":{"cidr":"192.0.2.0/24"}}]')
+    verifier, edge = ingress_rules(one(objects, "NetworkPolicy", STS)), ingress_rules(one(objects, "NetworkPolicy", EDGE))
+    assert verifier["metrics"] is None and edge["metrics"] is None
+    assert edge["coordinator"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    assert verifier["grpc"][1:] == [{"ipBlock": {"cidr": "192.0.2.0/24"}}]
+    validate_all(objects)
+    objects = helm.render("--set", "metrics.enabled=false")
+    assert set(ingress_rules(one(objects, "NetworkPolicy", STS))) == {"grpc"}
+    assert set(ingress_rules(one(objects, "NetworkPolicy", EDGE))) == {"coordinator"}
+
+
+def test_a_verifier_only_release_names_its_remote_coordinators(helm):
+    done = helm.template("--set", "edge.enabled=false")
+    assert done.returncode != 0 and "networkPolicy.verifierFrom" in done.stderr, done.stderr
+    objects = helm.render("--set", "edge.enabled=false",
+                          "--set-json", 'networkPolicy.verifierFrom=[{"ipBlock":{"cidr":"198.51.100.0/24"}}]')
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "NetworkPolicy"] == [STS]
+    assert ingress_rules(one(objects, "NetworkPolicy"))["grpc"] == [{"ipBlock": {"cidr": "198.51.100.0/24"}}]
+    validate_all(objects)
+
+
+@pytest.mark.parametrize("sets", [
+    "verifier.config.device=cuda,verifier.image.variant=cuda,verifier.image.repository=edgespec-cloud-cuda",
+    "edge.drafter.config.device=cuda:0,edge.image.variant=cuda",
+    "verifier.config.device=cpu", "verifier.config.device=auto",
+])
+def test_cuda_renders_with_a_cuda_image(helm, sets):
+    objects = helm.render("--set", sets)
+    validate_all(objects)
+
+
+def test_the_secure_values_pair_cuda_with_a_cuda_image(secure_objects):
+    verifier = container(secure_objects, STS, "verifier")
+    assert env(verifier)["EDGESPEC_VERIFIER_DEVICE"] == "cuda"
+    assert verifier["image"].startswith("edgespec-cloud-cuda:")
