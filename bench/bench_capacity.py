@@ -58,7 +58,7 @@ import grpc
 from bench.bench_load import (BATCH_METRIC, batch_sizes, ensure_references, first_difference, open_session,
                               ordered_prompts, reference_key, running_verifier, scrape_batch_histogram,
                               unknown_flags, verifier_help)
-from bench.report import percentile
+from bench.report import percentile, progress
 from bench.wan import DelayProxy, LinkProfile
 from edgespec.control.awc import AwcWindow
 from edgespec.control.sample import RoundSample
@@ -490,35 +490,38 @@ async def measure(service, metrics_url: str | None, config: argparse.Namespace, 
                      draft_seconds_per_token(config.draft, 1, prompts[0]))
     print(f"draft time per token (the edge device, one core): {1000 * draft_seconds:.1f} ms", flush=True)
     rows = []
-    for rtt in config.rtt:
-        proxy = DelayProxy(service.address, LinkProfile(rtt_ms=rtt)).start() if rtt else None
-        address = proxy.address if proxy else service.address
-        # One edge's coordinator per auto mode: its costs carry over between its sessions.
-        costs = {mode: Telemetry(max_k=MAX_K) for mode in ("ar", "auto", "auto-blind", *config.modes)}
-        try:
-            for mode in ("ar", *(m for m in config.modes if m.startswith("auto"))):   # warm-up; auto's costs
-                await asyncio.wait_for(run_sessions(address, prompts, references, choices, 1, mode, draft_seconds,
-                                                    costs[mode], eos, f"warmup-{rtt}-{mode}", service.process.pid,
-                                                    None), config.timeout)
-            for n in config.sessions:
-                for mode in config.modes:
-                    try:
-                        row = await asyncio.wait_for(run_sessions(
-                            address, prompts, references, choices, n, mode, draft_seconds, costs[mode], eos,
-                            f"cap-{rtt}-{n}-{mode}", service.process.pid, metrics_url), config.timeout)
-                    except (asyncio.TimeoutError, grpc.aio.AioRpcError, RuntimeError) as error:
-                        reason = (f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError) else
-                                  f"{error.code().name}: {error.details()}" if isinstance(error, grpc.aio.AioRpcError)
-                                  else str(error))
-                        row = {"mode": mode, "sessions": n, "error": reason, "mismatches": 0}
-                    row |= {"rtt_ms": rtt, "backend": config.backend}
-                    rows.append(row)
-                    if not row["error"]:
-                        report_mismatches(row)
-                    print(table_line(row), flush=True)
-        finally:
-            if proxy:
-                proxy.stop()
+    runs = len(config.rtt) * len(config.modes) * sum(config.sessions)
+    with progress(runs, "bench-capacity", unit="session") as bar:
+        for rtt in config.rtt:
+            proxy = DelayProxy(service.address, LinkProfile(rtt_ms=rtt)).start() if rtt else None
+            address = proxy.address if proxy else service.address
+            # One edge's coordinator per auto mode: its costs carry over between its sessions.
+            costs = {mode: Telemetry(max_k=MAX_K) for mode in ("ar", "auto", "auto-blind", *config.modes)}
+            try:
+                for mode in ("ar", *(m for m in config.modes if m.startswith("auto"))):   # warm-up; auto's costs
+                    await asyncio.wait_for(run_sessions(address, prompts, references, choices, 1, mode, draft_seconds,
+                                                        costs[mode], eos, f"warmup-{rtt}-{mode}", service.process.pid,
+                                                        None), config.timeout)
+                for n in config.sessions:
+                    for mode in config.modes:
+                        try:
+                            row = await asyncio.wait_for(run_sessions(
+                                address, prompts, references, choices, n, mode, draft_seconds, costs[mode], eos,
+                                f"cap-{rtt}-{n}-{mode}", service.process.pid, metrics_url), config.timeout)
+                        except (asyncio.TimeoutError, grpc.aio.AioRpcError, RuntimeError) as error:
+                            reason = (f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError) else
+                                      f"{error.code().name}: {error.details()}" if isinstance(error, grpc.aio.AioRpcError)
+                                      else str(error))
+                            row = {"mode": mode, "sessions": n, "error": reason, "mismatches": 0}
+                        row |= {"rtt_ms": rtt, "backend": config.backend}
+                        rows.append(row)
+                        if not row["error"]:
+                            report_mismatches(row)
+                        print(table_line(row), flush=True)
+                        bar.update(n)
+            finally:
+                if proxy:
+                    proxy.stop()
     return rows, draft_seconds, prompt_records(references, choices)
 
 

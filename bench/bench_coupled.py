@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 
 from bench.prompts import PROMPTS
+from bench.report import progress
 
 log = logging.getLogger("edgespec.bench_coupled")
 
@@ -95,17 +96,19 @@ def main(argv: list[str] | None = None) -> None:
     verifier, drafter = VerifierEngine(target, eos_ids(target)), DrafterEngine(draft)
     rows = []
     total = len(PROMPTS) * args.seeds * 2
-    for index, (category, text) in enumerate(PROMPTS):
-        prompt = tokenizer.encode(text, True)
-        for seed in range(args.seeds):
-            for sampler in ("standard", "coupled"):
-                params = SamplingParams(temperature=args.temperature, top_k=args.top_k, seed=seed,
-                                        coupled=sampler == "coupled")
-                row = run_one(verifier, drafter, prompt, args.tokens, args.window, params, args.q_ids)
-                rows.append(dict(category=category, prompt=index, seed=seed, sampler=sampler, **row))
-                log.info("%d/%d %s prompt %d seed %d %s: acceptance %.2f, %.2f tokens/round", len(rows), total,
-                         category, index, seed, sampler, row["accepted"] / max(1, row["drafted"]),
-                         row["new_tokens"] / max(1, row["rounds"]))
+    with progress(total, "bench-coupled", unit="generation") as bar:
+        for index, (category, text) in enumerate(PROMPTS):
+            prompt = tokenizer.encode(text, True)
+            for seed in range(args.seeds):
+                for sampler in ("standard", "coupled"):
+                    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, seed=seed,
+                                            coupled=sampler == "coupled")
+                    row = run_one(verifier, drafter, prompt, args.tokens, args.window, params, args.q_ids)
+                    rows.append(dict(category=category, prompt=index, seed=seed, sampler=sampler, **row))
+                    log.info("%d/%d %s prompt %d seed %d %s: acceptance %.2f, %.2f tokens/round", len(rows), total,
+                             category, index, seed, sampler, row["accepted"] / max(1, row["drafted"]),
+                             row["new_tokens"] / max(1, row["rounds"]))
+                    bar.update(1)
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         groups[row["category"]][row["sampler"]].append(row)

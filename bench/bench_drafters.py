@@ -32,6 +32,7 @@ import numpy as np
 from edgespec.control.categories import CATEGORIES
 from edgespec.control.router import Arm, Router, SessionRouting, request_features
 from bench.prompt_set import PROMPT_SET
+from bench.report import progress, track
 from edgespec.verify.greedy import common_prefix_length
 
 log = logging.getLogger("edgespec.bench_drafters")
@@ -49,7 +50,7 @@ def make_references(target, draft, prompts: list[list[int]], max_new: int, eos: 
 
     verifier, drafter = VerifierEngine(target, eos), DrafterEngine(draft)
     out = []
-    for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(track(prompts, "bench-drafters references")):
         session = SessionLog(prompt, max_new, frozenset(eos))
 
         async def go():
@@ -189,25 +190,28 @@ def main(argv: list[str] | None = None) -> int:
         models["smollm2-int8"] = wrap_for_target(load_lm("smollm2", device="cpu", quantize="int8"), "smollm2", "draft")
     names = list(models)
     rows: dict[str, list[dict]] = {}
-    for name, model in models.items():
-        rows[name] = []
-        for i, (prompt, ref) in enumerate(zip(prompts, refs)):
-            rows[name].append(replay(model, prompt, ref, args.window, name=name))
-        print(f"{name}: {summarize(rows[name], verify[args.window])}", flush=True)
-    costs = {name: sum(r["draft_seconds"] for r in rows[name]) / max(1, sum(r["drafted"] for r in rows[name]))
-             for name in names}
-    # The router, cross-fitted: train on one half, replay on the other.
-    router_rows: list[dict | None] = [None] * len(prompts)
-    halves = [list(range(0, len(prompts), 2)), list(range(1, len(prompts), 2))]
-    for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
-        router = Router(train_arms(names, rows, texts, train, costs), verify_wall_seconds=verify[args.window], explore=0.0)
-        for i in test:
-            x = request_features(prompt_set[i][1])
-            decision = router.choose(x)
-            routing = SessionRouting(router, x, decision.drafter)
-            row = replay(None, prompts[i], refs[i], args.window, routing=routing, models=models, name=decision.drafter)
-            routing.finish()
-            router_rows[i] = row
+    with progress((len(models) + 1) * len(prompts), "bench-drafters replay") as bar:
+        for name, model in models.items():
+            rows[name] = []
+            for i, (prompt, ref) in enumerate(zip(prompts, refs)):
+                rows[name].append(replay(model, prompt, ref, args.window, name=name))
+                bar.update(1)
+            print(f"{name}: {summarize(rows[name], verify[args.window])}", flush=True)
+        costs = {name: sum(r["draft_seconds"] for r in rows[name]) / max(1, sum(r["drafted"] for r in rows[name]))
+                 for name in names}
+        # The router, cross-fitted: train on one half, replay on the other.
+        router_rows: list[dict | None] = [None] * len(prompts)
+        halves = [list(range(0, len(prompts), 2)), list(range(1, len(prompts), 2))]
+        for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
+            router = Router(train_arms(names, rows, texts, train, costs), verify_wall_seconds=verify[args.window], explore=0.0)
+            for i in test:
+                x = request_features(prompt_set[i][1])
+                decision = router.choose(x)
+                routing = SessionRouting(router, x, decision.drafter)
+                row = replay(None, prompts[i], refs[i], args.window, routing=routing, models=models, name=decision.drafter)
+                routing.finish()
+                router_rows[i] = row
+                bar.update(1)
     rows["router"] = router_rows
     table = {}
     for name in [*names, "router"]:

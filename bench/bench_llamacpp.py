@@ -36,7 +36,7 @@ import numpy as np
 from bench.cluster import LocalCluster
 from bench.llamacpp_tools import ensure_tools
 from bench.prompts import PROMPTS
-from bench.report import percentile
+from bench.report import percentile, progress
 from bench.wan import LinkProfile
 from edge_client.client import generate
 
@@ -129,10 +129,12 @@ def compare(tokens: list[int], reference: dict) -> dict:
 
 
 def run_mode(cluster: LocalCluster, label: str, texts: list[str], refs: list[dict], tokens: int, window: int,
-             **extra) -> list[dict]:
+             bar=None, **extra) -> list[dict]:
     rows = []
     for index, (text, ref) in enumerate(zip(texts, refs)):
         got, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text, tokens, window))
+        if bar is not None:
+            bar.update(1)
         decode = max(1e-9, stats.seconds - stats.prefill_seconds)
         rows.append({"mode": label, "prompt": index, "new_tokens": len(got), "decode_seconds": decode,
                      "tokens_per_second": len(got) / decode, "acceptance": stats.acceptance_rate,
@@ -220,27 +222,30 @@ def main(argv: list[str] | None = None) -> None:
     # the first token comes with the prefill, so len - 1 tokens were decoded in decode_seconds
     anchors["target_tps_same_prompts_2threads"] = (sum(len(r["tokens"]) - 1 for r in refs)
                                                    / sum(r["decode_seconds"] for r in refs))
-    with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as logs:
+    rtts = [float(r) for r in args.rtts.split(",") if r]
+    generations = len(texts) * (2 + len(windows) + len(rtts) * (1 + len(windows)))
+    with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as logs, \
+            progress(generations, "bench-llamacpp (edgespec rows)") as bar:
         logs = Path(logs)
         llama = ["--backend", "llamacpp", "--ctx-tokens", str(CTX_TOKENS), "--max-sequences", str(MAX_SEQUENCES)]
         with LocalCluster(logs / "shared", verifier_args=[*llama, "--model", "target", "--threads", "2"],
                           drafter_args=[*llama, "--model", "draft", "--threads", "2"],
                           coordinator_args=["--tokenizer", "draft"]) as cluster:
-            rows = run_mode(cluster, "shared k=0", texts, refs, args.tokens, 0, cores="shared", rtt_ms=0)
-            rows += run_mode(cluster, "shared auto", texts, refs, args.tokens, -1, cores="shared", rtt_ms=0)
+            rows = run_mode(cluster, "shared k=0", texts, refs, args.tokens, 0, bar=bar, cores="shared", rtt_ms=0)
+            rows += run_mode(cluster, "shared auto", texts, refs, args.tokens, -1, bar=bar, cores="shared", rtt_ms=0)
             for k in windows:
-                rows += run_mode(cluster, f"shared k={k}", texts, refs, args.tokens, k, cores="shared", rtt_ms=0)
+                rows += run_mode(cluster, f"shared k={k}", texts, refs, args.tokens, k, bar=bar, cores="shared", rtt_ms=0)
             rss = _rss_mib(cluster.verifier.process.pid)
-        for rtt in (float(r) for r in args.rtts.split(",") if r):
+        for rtt in rtts:
             with LocalCluster(logs / f"split-{rtt:g}", verifier_args=[*llama, "--model", "target", "--threads", "1"],
                               drafter_args=[*llama, "--model", "draft", "--threads", "1"],
                               coordinator_args=["--tokenizer", "draft"], verifier_cpus="1", edge_cpus="0",
                               link=LinkProfile(rtt_ms=rtt) if rtt else None) as cluster:
-                rows += run_mode(cluster, f"split rtt={rtt:g} auto", texts, refs, args.tokens, -1, cores="split",
+                rows += run_mode(cluster, f"split rtt={rtt:g} auto", texts, refs, args.tokens, -1, bar=bar, cores="split",
                                  rtt_ms=rtt)
                 for k in windows:
                     rows += run_mode(cluster, f"split rtt={rtt:g} k={k}", texts, refs, args.tokens, k,
-                                     cores="split", rtt_ms=rtt)
+                                     bar=bar, cores="split", rtt_ms=rtt)
     result["rows"] = rows
     result["verifier_rss_mib"] = rss
     result["summary"] = summarise(rows, anchors, args)

@@ -27,6 +27,7 @@ from edgespec.backends.onnx_lm import OnnxCausalLM
 from edgespec.backends.registry import load_lm
 from edgespec.backends.tokenizer import load_tokenizer
 from edgespec.ops.export_onnx import MANIFEST, export, quantize_export
+from bench.report import progress
 
 # Prompts of about 100 tokens once in the chat template: two code, one QA, one chat.
 PROMPTS = [
@@ -110,33 +111,35 @@ def main(argv: list[str] | None = None) -> int:
     reference: list[list[int]] = []
     text_reference: list[list[int]] = []
     results = {}
-    for name, load in variants.items():
-        lm = load()
-        time_drafting(lm, prompts[0][:16], 4)   # warm-up: allocators, thread pools, lazy kernels
-        prefill_s, ms, agree, steps = [], [], 0, 0
-        for i, prompt in enumerate(prompts):
-            tokens, prefill, per_token = time_drafting(lm, prompt, args.new_tokens)
-            prefill_s.append(prefill)
-            ms.append(per_token)
-            if not reference[i:i + 1]:
-                reference.append(tokens)
-            hits, n = agreement(lm, prompt, reference[i])
-            agree, steps = agree + hits, steps + n
-        choices = text_choices(lm, texts)
-        text_reference = text_reference or choices
-        text_agree = sum(a == b for mine, ref in zip(choices, text_reference) for a, b in zip(mine, ref))
-        text_steps = sum(map(len, choices))
-        results[name] = {"ms_per_token": statistics.median(ms), "ms_per_token_best": min(ms),
-                         "ms_per_token_each": [round(x, 1) for x in ms],
-                         "prefill_seconds": statistics.median(prefill_s), "agreement_with_ort_fp32": agree / steps,
-                         "text_agreement_with_ort_fp32": text_agree / text_steps}
-        print(f"{name:11} {results[name]['ms_per_token']:6.1f} ms/token median, {min(ms):6.1f} best "
-              f"(each prompt: {results[name]['ms_per_token_each']}), "
-              f"prefill {results[name]['prefill_seconds'] * 1000:.0f} ms, "
-              f"agrees with ort-fp32 on {agree}/{steps} = {agree / steps:.1%} teacher-forced steps, "
-              f"on {text_agree}/{text_steps} = {text_agree / text_steps:.1%} positions of repo text", flush=True)
-        del lm
-        gc.collect()
+    with progress(len(variants) * len(prompts), "bench-onnx", unit="prompt") as bar:
+        for name, load in variants.items():
+            lm = load()
+            time_drafting(lm, prompts[0][:16], 4)   # warm-up: allocators, thread pools, lazy kernels
+            prefill_s, ms, agree, steps = [], [], 0, 0
+            for i, prompt in enumerate(prompts):
+                tokens, prefill, per_token = time_drafting(lm, prompt, args.new_tokens)
+                prefill_s.append(prefill)
+                ms.append(per_token)
+                if not reference[i:i + 1]:
+                    reference.append(tokens)
+                hits, n = agreement(lm, prompt, reference[i])
+                agree, steps = agree + hits, steps + n
+                bar.update(1)
+            choices = text_choices(lm, texts)
+            text_reference = text_reference or choices
+            text_agree = sum(a == b for mine, ref in zip(choices, text_reference) for a, b in zip(mine, ref))
+            text_steps = sum(map(len, choices))
+            results[name] = {"ms_per_token": statistics.median(ms), "ms_per_token_best": min(ms),
+                             "ms_per_token_each": [round(x, 1) for x in ms],
+                             "prefill_seconds": statistics.median(prefill_s), "agreement_with_ort_fp32": agree / steps,
+                             "text_agreement_with_ort_fp32": text_agree / text_steps}
+            print(f"{name:11} {results[name]['ms_per_token']:6.1f} ms/token median, {min(ms):6.1f} best "
+                  f"(each prompt: {results[name]['ms_per_token_each']}), "
+                  f"prefill {results[name]['prefill_seconds'] * 1000:.0f} ms, "
+                  f"agrees with ort-fp32 on {agree}/{steps} = {agree / steps:.1%} teacher-forced steps, "
+                  f"on {text_agree}/{text_steps} = {text_agree / text_steps:.1%} positions of repo text", flush=True)
+            del lm
+            gc.collect()
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "new_tokens": args.new_tokens,
                                          "prompt_tokens": [len(p) for p in prompts], "results": results}, indent=2) + "\n")

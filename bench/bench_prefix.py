@@ -24,13 +24,13 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.cluster import LocalCluster
 from bench.prompts import PROMPTS
+from bench.report import progress
 
 SYSTEM = ("You are a careful senior software engineer who reviews code and answers questions for a small team. "
           "Answer in plain English, briefly, and show code only when it helps. Prefer the Python standard library. "
@@ -124,13 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.sessions < 2 or args.cache_mb <= 0:
         parser.error("--sessions must be >= 2 and --cache-mb > 0")
-    from tqdm import tqdm
-
     results = {}
     with tempfile.TemporaryDirectory(prefix="edgespec-prefix-") as logs, \
-            tqdm(total=4 * args.sessions, desc="sessions", disable=not sys.stderr.isatty()) as progress:
+            progress(4 * args.sessions, "bench-prefix", unit="session") as bar:
         for mb in (0.0, args.cache_mb):
-            results[mb] = run_cluster(mb, args.sessions, Path(logs) / f"cache-{mb:g}", progress)
+            results[mb] = run_cluster(mb, args.sessions, Path(logs) / f"cache-{mb:g}", bar)
     rows = summary(results)
     table = markdown(rows)
     print(table)

@@ -32,6 +32,7 @@ from bench.bench_capacity import (MAX_K, add_device_flags, check_device_flags, d
                                   pin_devices, report_mismatches, run_sessions, verifier_command)
 from bench.bench_load import ensure_references, reference_key, running_verifier
 from bench.prompt_set import PROMPT_SET
+from bench.report import progress
 from bench.wan import DelayProxy, LinkProfile
 from edgespec.control.telemetry import Telemetry
 from edgespec.net.transport import open_channel
@@ -147,29 +148,32 @@ async def measure(service, metrics_url, config, phases, prompts, keys) -> tuple[
     print(f"draft time per token (the edge device, one core): {1000 * draft_seconds:.1f} ms", flush=True)
     rows = []
     proxy = DelayProxy(service.address, LinkProfile(rtt_ms=phases[0].rtt_ms)).start()
+    runs = len(config.modes) * sum(phase.sessions for phase in phases)
     try:
-        for mode in config.modes:
-            costs = Telemetry(max_k=MAX_K)   # one coordinator through the whole trace
-            for i, phase in enumerate(phases):
-                proxy.set_profile(LinkProfile(rtt_ms=phase.rtt_ms))
-                c = phase.category
-                try:
-                    row = await asyncio.wait_for(run_sessions(
-                        proxy.address, prompts[c], refs[c], choices[c], phase.sessions, mode, draft_seconds, costs,
-                        eos, f"trace-{mode}-{i}", service.process.pid, metrics_url), config.timeout)
-                except (asyncio.TimeoutError, RuntimeError) as error:
-                    row = {"mode": mode, "sessions": phase.sessions, "mismatches": 0,
-                           "error": f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError)
-                           else str(error)}
-                row |= {"phase": i, "phase_name": phase.name, "rtt_ms": phase.rtt_ms, "category": c,
-                        "backend": config.backend}
-                rows.append(row)
-                if not row["error"]:
-                    report_mismatches(row)
-                    print(f"{mode:>5} | {phase.name:<24} | {row['tokens_per_second']:6.2f} tok/s | TPOT p50 "
-                          f"{row['tpot_p50_ms']:.0f} ms | windows {row['windows']}", flush=True)
-                else:
-                    print(f"{mode:>5} | {phase.name:<24} | failed: {row['error']}", flush=True)
+        with progress(runs, "bench-regimes", unit="session") as bar:
+            for mode in config.modes:
+                costs = Telemetry(max_k=MAX_K)   # one coordinator through the whole trace
+                for i, phase in enumerate(phases):
+                    proxy.set_profile(LinkProfile(rtt_ms=phase.rtt_ms))
+                    c = phase.category
+                    try:
+                        row = await asyncio.wait_for(run_sessions(
+                            proxy.address, prompts[c], refs[c], choices[c], phase.sessions, mode, draft_seconds, costs,
+                            eos, f"trace-{mode}-{i}", service.process.pid, metrics_url), config.timeout)
+                    except (asyncio.TimeoutError, RuntimeError) as error:
+                        row = {"mode": mode, "sessions": phase.sessions, "mismatches": 0,
+                               "error": f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError)
+                               else str(error)}
+                    row |= {"phase": i, "phase_name": phase.name, "rtt_ms": phase.rtt_ms, "category": c,
+                            "backend": config.backend}
+                    rows.append(row)
+                    if not row["error"]:
+                        report_mismatches(row)
+                        print(f"{mode:>5} | {phase.name:<24} | {row['tokens_per_second']:6.2f} tok/s | TPOT p50 "
+                              f"{row['tpot_p50_ms']:.0f} ms | windows {row['windows']}", flush=True)
+                    else:
+                        print(f"{mode:>5} | {phase.name:<24} | failed: {row['error']}", flush=True)
+                    bar.update(phase.sessions)
     finally:
         proxy.stop()
     return rows, draft_seconds

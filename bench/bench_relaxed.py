@@ -23,11 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from edge_client.client import generate
 from bench.cluster import LocalCluster
 from bench.prompts import PROMPTS
+from bench.report import progress
 
 STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert ")
 CONFIGS = [   # name, temperature, --relaxed spec
@@ -123,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     extra = args.model_args.split()
     results, references = [], {}
     with LocalCluster(Path(tempfile.mkdtemp(prefix="edgespec-relaxed-")), verifier_args=extra[:2] if extra else [],
-                      drafter_args=extra[2:] if extra else [], coordinator_args=["--max-window", "16"]) as cluster:
+                      drafter_args=extra[2:] if extra else [], coordinator_args=["--max-window", "16"]) as cluster, \
+            ExitStack() as stack:
         address = cluster.coordinator.address
         asyncio.run(one(address, "warm up", True, 8, 2, 0.0, "", 0))
+        bar = stack.enter_context(progress(len(configs) * (len(problems) + len(chats)), "bench-relaxed"))
         for name, temperature, relaxed in configs:
             sets = {}
             for set_name, items in (("humaneval", [(p["task_id"], p["prompt"], False, args.max_new_tokens) for p in problems]),
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                     if set_name == "humaneval":
                         row["passed"] = passes(problems[i], row["text"])
                     rows.append(row)
+                    bar.update(1)
                     print(f"{name} | {item_id}: {len(row['tokens'])} tokens, {row['seconds']:.1f}s, "
                           f"accepted {row['accepted']}/{row['drafted']}, log-lik {row['target_logprob']:.3f}"
                           + (f", {'pass' if row['passed'] else 'fail'}" if "passed" in row else ""), flush=True)

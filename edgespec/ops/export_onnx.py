@@ -15,7 +15,8 @@ EOS ids, source, quantization), which is all `edgespec.backends.onnx_lm` needs: 
 edge device runs it with onnxruntime and numpy alone. `--int8` applies ONNX
 Runtime's dynamic quantization (int8 MatMul weights, a scale per output channel;
 activations quantized on the fly). Export needs torch and transformers; running
-the result does not.
+the result does not. On a terminal a progress bar counts the steps (load, trace,
+write, quantize) with the elapsed time; elsewhere only the lines are printed.
 """
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ MANIFEST = "manifest.json"
 GRAPH = "model.onnx"
 OPSET = 17
 FORMAT = 1     # bump when the graph's inputs or outputs change
+
+
+def _say(line: str) -> None:
+    """A line on stdout, above the progress bar when one is drawn."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def _no_step(name: str) -> None:
+    pass
 
 
 def past_names(layers: int) -> list[str]:
@@ -92,12 +105,14 @@ def check_exportable(config) -> None:
         raise SystemExit(f"export-onnx: only full-attention models are supported; this one has layers {sorted(set(layer_types))}")
 
 
-def export_fp32(spec: str, out_path: Path) -> dict:
-    """Trace ``spec`` into ``out_path`` (weights in ``out_path``.data); returns the manifest."""
+def export_fp32(spec: str, out_path: Path, step=_no_step) -> dict:
+    """Trace ``spec`` into ``out_path`` (weights in ``out_path``.data); returns the manifest. ``step(name)`` is
+    called as each step ends (loaded, traced, written)."""
     import onnx
 
-    print(f"loading {spec} ...", flush=True)
+    _say(f"loading {spec} ...")
     lm = load_lm(spec)
+    step("loaded")
     model, config = lm.model, lm.model.config
     check_exportable(config)
     model.set_attn_implementation("eager")   # plain MatMul/Softmax: exports with every opset and runtime
@@ -112,7 +127,7 @@ def export_fp32(spec: str, out_path: Path) -> dict:
     dynamic.update({name: {2: "past"} for name in past_names(layers)})
     dynamic.update({name: {2: "total"} for name in present_names(layers)})
     started = time.perf_counter()
-    print(f"tracing {layers} layers to ONNX (opset {OPSET}) ...", flush=True)
+    _say(f"tracing {layers} layers to ONNX (opset {OPSET}) ...")
     with tempfile.TemporaryDirectory(dir=out_path.parent) as scratch, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")   # the legacy exporter's deprecation and tracer warnings
         raw = Path(scratch) / GRAPH
@@ -120,11 +135,13 @@ def export_fp32(spec: str, out_path: Path) -> dict:
                           input_names=["input_ids", "position_ids", *past_names(layers)],
                           output_names=["logits", *present_names(layers)], dynamic_axes=dynamic,
                           opset_version=OPSET, do_constant_folding=True)
-        print(f"traced in {time.perf_counter() - started:.1f}s; writing {out_path} ...", flush=True)
+        step("traced")
+        _say(f"traced in {time.perf_counter() - started:.1f}s; writing {out_path} ...")
         # The exporter writes one file per weight past 2 GB; gather them into one sidecar.
         graph = onnx.load(str(raw))
         onnx.save_model(graph, str(out_path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=out_path.name + ".data", size_threshold=1024)
+        step("written")
     return {"format": FORMAT, "source": spec, "graph": GRAPH, "num_layers": layers, "num_kv_heads": kv_heads,
             "head_dim": head_dim, "vocab_size": int(config.vocab_size), "eos_token_ids": eos_ids(lm),
             "dtype": "float32", "quantization": "none", "opset": OPSET,
@@ -138,7 +155,7 @@ def quantize_int8(fp32_path: Path, out_path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     started = time.perf_counter()
-    print(f"quantizing MatMul weights to int8 -> {out_path} ...", flush=True)
+    _say(f"quantizing MatMul weights to int8 -> {out_path} ...")
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)   # silences its advice to preprocess, which is for static quantization
@@ -147,19 +164,20 @@ def quantize_int8(fp32_path: Path, out_path: Path) -> None:
                          per_channel=True, use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
     finally:
         root.setLevel(level)
-    print(f"quantized in {time.perf_counter() - started:.1f}s", flush=True)
+    _say(f"quantized in {time.perf_counter() - started:.1f}s")
 
 
-def export(spec: str, out_dir: Path, int8: bool = False) -> dict:
-    """Export ``spec`` into ``out_dir`` (created; its model files replaced); returns the manifest written."""
+def export(spec: str, out_dir: Path, int8: bool = False, step=_no_step) -> dict:
+    """Export ``spec`` into ``out_dir`` (created; its model files replaced); returns the manifest written.
+    ``step(name)`` is called as each step ends: loaded, traced, written, and with ``int8`` quantized."""
     if not int8:
-        return _write(out_dir, lambda graph: export_fp32(spec, graph))
+        return _write(out_dir, lambda graph: export_fp32(spec, graph, step))
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
-        export(spec, Path(scratch))
-        return quantize_export(Path(scratch), out_dir)
+        export(spec, Path(scratch), step=step)
+        return quantize_export(Path(scratch), out_dir, step)
 
 
-def quantize_export(fp32_dir: Path, out_dir: Path) -> dict:
+def quantize_export(fp32_dir: Path, out_dir: Path, step=_no_step) -> dict:
     """The int8 version of an exported float32 directory, written to ``out_dir``."""
     manifest = json.loads((fp32_dir / MANIFEST).read_text())
     if manifest["quantization"] != "none":
@@ -167,6 +185,7 @@ def quantize_export(fp32_dir: Path, out_dir: Path) -> dict:
 
     def quantize(graph: Path) -> dict:
         quantize_int8(fp32_dir / manifest["graph"], graph)
+        step("quantized")
         return {**manifest, "quantization": "int8 dynamic (MatMul weights, per channel)"}
     return _write(out_dir, quantize)
 
@@ -192,7 +211,14 @@ def main(argv: list[str] | None = None) -> int:
                              "drafts differ slightly from float32, the output stays the target's)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    manifest = export(args.model, args.out_dir, args.int8)
+    from tqdm import tqdm
+
+    with tqdm(total=4 if args.int8 else 3, desc=f"export-onnx {args.model}", unit="step", disable=None,
+              dynamic_ncols=True, bar_format="{l_bar}{bar}| {n}/{total} steps [{elapsed}{postfix}]") as bar:
+        def step(name: str) -> None:
+            bar.set_postfix_str(name, refresh=False)
+            bar.update(1)
+        manifest = export(args.model, args.out_dir, args.int8, step)
     size = sum(f.stat().st_size for f in args.out_dir.iterdir() if f.is_file()) / 2**20
     print(f"exported {args.model} ({manifest['num_layers']} layers, vocab {manifest['vocab_size']}, "
           f"{manifest['quantization']}) to {args.out_dir}: {size:.0f} MiB in {time.perf_counter() - started:.1f}s")
