@@ -50,7 +50,8 @@ import grpc
 from edgespec.control.categories import CATEGORIES
 from bench.cluster import REPO_ROOT, Service, start_service, stop_service
 from bench.prompt_set import PROMPT_SET
-from bench.report import percentile, process_memory_mib
+from bench.plots import plot_load
+from bench.report import percentile, process_memory_mib, progress
 from edgespec.net.transport import open_channel
 from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
 
@@ -271,7 +272,8 @@ def report_mismatches(row: dict) -> None:
 
 
 async def measure_mode(mode: str, address: str, pid: int, metrics_url: str | None, config: argparse.Namespace,
-                       prompts: list[list[int]], keys: list[str]) -> list[dict]:
+                       prompts: list[list[int]], keys: list[str], bar=None) -> list[dict]:
+    """Every N of one mode; ``bar`` (a progress bar counting sessions) advances by N after each run."""
     async with open_channel(address) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
         info = await stub.Info(verifier_pb2.InfoRequest())
@@ -290,7 +292,11 @@ async def measure_mode(mode: str, address: str, pid: int, metrics_url: str | Non
                       f"{error.code().name}: {error.details()}" if isinstance(error, grpc.aio.AioRpcError) else str(error))
             print(f"!!! {mode}, N={n}: {reason}; skipping larger N in this mode", file=sys.stderr, flush=True)
             rows.append({"mode": mode, "sessions": n, "error": reason, "mismatches": 0})
+            if bar is not None:
+                bar.update(sum(config.sessions[config.sessions.index(n):]))   # skipped: counted as done
             break
+        if bar is not None:
+            bar.update(n)
         rows.append(summarize(mode, n, load, process_memory_mib(pid)))
         report_mismatches(rows[-1])
         print(table_line(rows[-1]), flush=True)
@@ -366,7 +372,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="verifier flags for batching off (default '%(default)s')")
     parser.add_argument("--references", type=Path, default=Path.home() / ".cache/edgespec/bench-load-references.json",
                         help="cache of the target's greedy continuations (default %(default)s)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here, and beside them (.png) "
+                        "tokens/s and TPOT against N, batching on vs off")
     parser.add_argument("--seed", type=int, default=0, help="seeds the draft corruption (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one (mode, N) run may take; past it the "
                         "run fails and larger N of that mode are skipped (default %(default)s)")
@@ -404,13 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-load-"))
     print(f"verifier logs: {log_dir}", flush=True)
     rows, batch_source = [], {}
-    for mode, args in mode_args.items():
-        with running_verifier(args, log_dir, f"verifier-{mode}", "--metrics-port" in help_text) as (service, metrics_url):
-            batch_source[mode] = (f"{BATCH_METRIC} at {metrics_url}" if metrics_url else
-                                  "unavailable: the verifier serves no /metrics (no --metrics-port)")
-            print(f"{mode}: batch sizes {batch_source[mode]}", flush=True)
-            rows += asyncio.run(measure_mode(mode, service.address, service.process.pid, metrics_url, config,
-                                             prompts, keys))
+    with progress(len(mode_args) * sum(config.sessions), "bench-load", unit="session") as bar:
+        for mode, args in mode_args.items():
+            with running_verifier(args, log_dir, f"verifier-{mode}", "--metrics-port" in help_text) as (service,
+                                                                                                      metrics_url):
+                batch_source[mode] = (f"{BATCH_METRIC} at {metrics_url}" if metrics_url else
+                                      "unavailable: the verifier serves no /metrics (no --metrics-port)")
+                print(f"{mode}: batch sizes {batch_source[mode]}", flush=True)
+                rows += asyncio.run(measure_mode(mode, service.address, service.process.pid, metrics_url, config,
+                                                 prompts, keys, bar))
     ratios = on_off_ratios(rows)
     mismatches = sum(row["mismatches"] for row in rows)
     print("\n" + TABLE_HEADER + "\n" + "\n".join(table_line(row) for row in rows))
@@ -418,13 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mismatches against the target's greedy output: {mismatches}" + ("  <-- CORRECTNESS FAILURE" if mismatches else ""))
     if config.json:
         config.json.parent.mkdir(parents=True, exist_ok=True)
-        config.json.write_text(json.dumps({
+        report = {
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "cpus": os.cpu_count()},
             "model": config.model, "tokens": config.tokens, "window": config.window, "acceptance": config.acceptance,
             "seed": config.seed, "verifier_args": {mode: shlex.join(args) for mode, args in mode_args.items()},
             "batch_size_source": batch_source,
-            "rows": rows, "ratios_on_off": ratios, "mismatches": mismatches}, indent=1))
+            "rows": rows, "ratios_on_off": ratios, "mismatches": mismatches}
+        config.json.write_text(json.dumps(report, indent=1))
+        print(f"plot: {plot_load(report, config.json.with_suffix('.png'))}")
     return 1 if mismatches or any(row["error"] for row in rows) else 0
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from edge_client.client import generate
 from bench.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
-from bench.report import percentile
+from bench.plots import plot_policy
+from bench.report import percentile, progress
 from bench.wan import LinkProfile, grpc_health_rtt_ms
 
 FIXED = (1, 2, 3, 4)
@@ -45,11 +46,13 @@ async def _one(address: str, prompt: str, max_new: int, window: int, chat: bool)
     return gaps[1:], stats     # the first gap holds the prefill
 
 
-def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool) -> dict:
+def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool, bar=None) -> dict:
     gaps, totals = [], dict(tokens=0, seconds=0.0, rounds=0, drafted=0, accepted=0, draft_seconds=0.0,
                              verify_wall_seconds=0.0)
     for prompt in prompts:
         token_gaps, s = asyncio.run(_one(address, prompt, max_new, window, chat))
+        if bar is not None:
+            bar.update(1)
         gaps += token_gaps
         totals["tokens"] += s.new_tokens
         totals["seconds"] += s.seconds - s.prefill_seconds
@@ -113,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="fixed windows and policies to run; the simulator's error needs all of 1,2,3,4 "
                              "(default %(default)s)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (a smoke test of the tool)")
-    parser.add_argument("--json", type=Path, default=Path("bench-results/policy.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench-results/policy.json"),
+                        help="results (default %(default)s), and beside them (.png) tokens/s against RTT per policy "
+                             "and regime")
     args = parser.parse_args(argv)
     rtts = [float(r) for r in args.rtts.split(",")]
     configs = [c.strip() for c in args.configs.split(",")]
@@ -148,36 +153,41 @@ def main(argv: list[str] | None = None) -> None:
         for address in coordinators.values():
             run(address, ["warm up"], 4, -1, not args.tiny)
         profile = None
-        for rtt in rtts:
-            proxy.set_profile(LinkProfile(rtt_ms=rtt))
-            measured = statistics.median(asyncio.run(grpc_health_rtt_ms(proxy.address, 10)))
-            rows: dict = {}
-            for regime, prompts in regimes.items():
-                rows[regime] = {}
-                for k in fixed:
-                    rows[regime][k] = run(coordinators["goodput"], prompts, args.max_new_tokens, k, not args.tiny)
-                for policy in adaptive:
-                    rows[regime][policy] = run(coordinators[policy], prompts, args.max_new_tokens, -1, not args.tiny)
-                line = ", ".join(f"{name}={r['tok_s']:.2f}" for name, r in rows[regime].items())
-                print(f"rtt {rtt:g} ms (measured {measured:.1f}) {regime}: {line}", flush=True)
-            if profile is None and fidelity:
-                profile = calibrate(rows, measured)
-                report["profile"] = profile
-                print(f"calibrated: {json.dumps(profile)}", flush=True)
-            for regime in rows if fidelity else ():
-                for k in FIXED:
-                    predicted = simulate(profile, profile["alpha"][regime], measured, k, len(regimes[regime]),
-                                         args.max_new_tokens)
-                    real = rows[regime][k]
-                    real["sim_tok_s"], real["sim_round_ms"] = predicted["tok_s"], predicted["round_ms"]
-                    real["tok_s_error"] = predicted["tok_s"] / real["tok_s"] - 1
-                    real["round_ms_error"] = predicted["round_ms"] / real["round_ms"] - 1
-            report["results"].append({"rtt_ms": rtt, "measured_rtt_ms": measured,
-                                      "rows": {regime: {str(name): r for name, r in rows[regime].items()}
-                                               for regime in rows}})
+        generations = len(rtts) * (len(fixed) + len(adaptive)) * sum(len(p) for p in regimes.values())
+        with progress(generations, "bench-policy") as bar:
+            for rtt in rtts:
+                proxy.set_profile(LinkProfile(rtt_ms=rtt))
+                measured = statistics.median(asyncio.run(grpc_health_rtt_ms(proxy.address, 10)))
+                rows: dict = {}
+                for regime, prompts in regimes.items():
+                    rows[regime] = {}
+                    for k in fixed:
+                        rows[regime][k] = run(coordinators["goodput"], prompts, args.max_new_tokens, k, not args.tiny,
+                                              bar)
+                    for policy in adaptive:
+                        rows[regime][policy] = run(coordinators[policy], prompts, args.max_new_tokens, -1, not args.tiny,
+                                                   bar)
+                    line = ", ".join(f"{name}={r['tok_s']:.2f}" for name, r in rows[regime].items())
+                    print(f"rtt {rtt:g} ms (measured {measured:.1f}) {regime}: {line}", flush=True)
+                if profile is None and fidelity:
+                    profile = calibrate(rows, measured)
+                    report["profile"] = profile
+                    print(f"calibrated: {json.dumps(profile)}", flush=True)
+                for regime in rows if fidelity else ():
+                    for k in FIXED:
+                        predicted = simulate(profile, profile["alpha"][regime], measured, k, len(regimes[regime]),
+                                             args.max_new_tokens)
+                        real = rows[regime][k]
+                        real["sim_tok_s"], real["sim_round_ms"] = predicted["tok_s"], predicted["round_ms"]
+                        real["tok_s_error"] = predicted["tok_s"] / real["tok_s"] - 1
+                        real["round_ms_error"] = predicted["round_ms"] / real["round_ms"] - 1
+                report["results"].append({"rtt_ms": rtt, "measured_rtt_ms": measured,
+                                          "rows": {regime: {str(name): r for name, r in rows[regime].items()}
+                                                   for regime in rows}})
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     print(markdown(report))
+    print(f"plot: {plot_policy(report, args.json.with_suffix('.png'))}")
 
 
 def markdown(report: dict) -> str:

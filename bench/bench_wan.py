@@ -31,7 +31,8 @@ from pathlib import Path
 from edge_client.client import generate
 from bench.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
-from bench.report import percentile
+from bench.plots import plot_wan
+from bench.report import percentile, progress
 from bench.wan import LinkProfile, grpc_health_rtt_ms
 
 
@@ -52,10 +53,12 @@ async def timed_generation(address: str, prompt: str, max_new_tokens: int, windo
 
 
 
-def run_config(address: str, prompts, max_new: int, window: int) -> dict:
+def run_config(address: str, prompts, max_new: int, window: int, bar=None) -> dict:
     total_tokens, total_seconds, gaps, outputs, hits, sent = 0, 0.0, [], [], 0, 0
     for _, prompt in prompts:
         tokens, seconds, token_gaps, stats = asyncio.run(timed_generation(address, prompt, max_new, window))
+        if bar is not None:
+            bar.update(1)
         total_tokens += len(tokens)
         total_seconds += seconds
         gaps += token_gaps
@@ -87,7 +90,8 @@ def main() -> None:
     parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
                         help="drafter quantization (default %(default)s: int8 on CPU). int8's dynamic activation "
                              "scales make drafts depend on how the cache was fed, a confound between modes")
-    parser.add_argument("--json", type=Path, default=Path("bench-results/wan.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench-results/wan.json"),
+                        help="results (default %(default)s), and beside them (.png) tokens/s against RTT per mode")
     parser.add_argument("--md", type=Path, default=Path("bench-results/wan.md"))
     args = parser.parse_args()
     windows = [int(w) for w in args.windows.split(",")]
@@ -116,30 +120,32 @@ def main() -> None:
         modes = {"blocking": cluster.coordinator.address, "pipelined": piped.address}
         for address in modes.values():
             asyncio.run(timed_generation(address, "warm up", 4, 2))
-        print("== cloud-only baseline: target-only decoding at RTT 0", flush=True)
-        cloud = run_config(modes["blocking"], prompts, args.max_new_tokens, 0)
-        reference = cloud["outputs"]
-        for name, profile in settings([float(r) for r in args.rtts.split(",")], not args.no_lossy):
-            proxy.set_profile(profile)
-            rtts = asyncio.run(grpc_health_rtt_ms(proxy.address, 10))
-            measured = statistics.median(rtts)
-            print(f"== {name}: measured gRPC RTT p50 {measured:.1f} ms", flush=True)
-            row = {"setting": name, "rtt_ms": profile.rtt_ms, "measured_rtt_ms": measured,
-                   "cloud_only": {"tok_s": cloud["tokens"] / (cloud["seconds"] + len(prompts) * measured / 1000),
-                                  "tpot_p50_ms": cloud["tpot_p50_ms"], "tpot_p99_ms": cloud["tpot_p99_ms"]}}
-            for mode, address in modes.items():
-                tried = {}
-                for window in windows:
-                    result = run_config(address, prompts, args.max_new_tokens, window)
-                    result["identical"] = result.pop("outputs") == reference
-                    tried[window] = result
-                    print(f"   {mode:9} k={window}: {result['tok_s']:.2f} tok/s, TPOT p50 {result['tpot_p50_ms']:.0f} "
-                          f"p99 {result['tpot_p99_ms']:.0f} ms, identical {result['identical']}, optimistic "
-                          f"{result['optimistic_hits']}/{result['optimistic_windows']}", flush=True)
-                best = max(tried, key=lambda w: tried[w]["tok_s"])
-                row[mode] = {"best_window": best, **tried[best], "all": tried}
-            row["pipelined_over_blocking"] = row["pipelined"]["tok_s"] / row["blocking"]["tok_s"]
-            results.append(row)
+        links = settings([float(r) for r in args.rtts.split(",")], not args.no_lossy)
+        with progress(len(prompts) * (1 + len(links) * len(modes) * len(windows)), "bench-wan") as bar:
+            print("== cloud-only baseline: target-only decoding at RTT 0", flush=True)
+            cloud = run_config(modes["blocking"], prompts, args.max_new_tokens, 0, bar)
+            reference = cloud["outputs"]
+            for name, profile in links:
+                proxy.set_profile(profile)
+                rtts = asyncio.run(grpc_health_rtt_ms(proxy.address, 10))
+                measured = statistics.median(rtts)
+                print(f"== {name}: measured gRPC RTT p50 {measured:.1f} ms", flush=True)
+                row = {"setting": name, "rtt_ms": profile.rtt_ms, "measured_rtt_ms": measured,
+                       "cloud_only": {"tok_s": cloud["tokens"] / (cloud["seconds"] + len(prompts) * measured / 1000),
+                                      "tpot_p50_ms": cloud["tpot_p50_ms"], "tpot_p99_ms": cloud["tpot_p99_ms"]}}
+                for mode, address in modes.items():
+                    tried = {}
+                    for window in windows:
+                        result = run_config(address, prompts, args.max_new_tokens, window, bar)
+                        result["identical"] = result.pop("outputs") == reference
+                        tried[window] = result
+                        print(f"   {mode:9} k={window}: {result['tok_s']:.2f} tok/s, TPOT p50 {result['tpot_p50_ms']:.0f} "
+                              f"p99 {result['tpot_p99_ms']:.0f} ms, identical {result['identical']}, optimistic "
+                              f"{result['optimistic_hits']}/{result['optimistic_windows']}", flush=True)
+                    best = max(tried, key=lambda w: tried[w]["tok_s"])
+                    row[mode] = {"best_window": best, **tried[best], "all": tried}
+                row["pipelined_over_blocking"] = row["pipelined"]["tok_s"] / row["blocking"]["tok_s"]
+                results.append(row)
     report = {"date": time.strftime("%Y-%m-%d"), "max_new_tokens": args.max_new_tokens, "backend": args.backend,
               "quantize": args.quantize if args.backend == "torch" else None,
               "prompts": [c for c, _ in prompts], "windows": windows, "results": results}
@@ -147,6 +153,7 @@ def main() -> None:
     args.json.write_text(json.dumps(report, indent=2))
     args.md.write_text(markdown(report))
     print(markdown(report))
+    print(f"plot: {plot_wan(report, args.json.with_suffix('.png'))}")
 
 
 def markdown(report: dict) -> str:

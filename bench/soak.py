@@ -15,8 +15,9 @@ Greedy output depends only on the prompt, so each output must be a prefix of
 Every --sample-seconds the VmRSS of each service process is read from /proc.
 Reported per service: RSS at the first sample after warm-up (every client has
 finished one generation), at the end, its maximum, and the least-squares slope
-after warm-up (MiB per minute). Exit status 1 on any failure, divergence or
-service that exited.
+after warm-up (MiB per minute). The generations' p50/p99 latency is also kept per
+sampling interval (by when they ended), and --json draws both over time beside the
+report (.png). Exit status 1 on any failure, divergence or service that exited.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ from edgespec.net.rpc import RETRY_AFTER_KEY
 from bench.report import process_memory_mib
 from bench.cluster import LocalCluster, Service
 from bench.prompt_set import PROMPT_SET
-from bench.report import percentile
+from bench.plots import plot_soak
+from bench.report import percentile, progress
 
 OVERLOAD = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -55,6 +57,7 @@ class Tally:
     longest: dict[str, list[int]] = field(default_factory=dict)  # prompt -> longest output seen
     divergences: list[dict] = field(default_factory=list)
     first_finished: dict[int, float] = field(default_factory=dict)  # client loop -> monotonic time of its first OK
+    finished: list[tuple[float, float]] = field(default_factory=list)  # per OK call: (monotonic end, wall seconds)
 
     def failures(self) -> int:
         return sum(n for name, n in self.statuses.items() if name != "OK") - self.overloaded
@@ -110,6 +113,7 @@ async def client_loop(index: int, address: str, config: argparse.Namespace, tall
         tally.tokens += len(tokens)
         tally.seconds.append(time.perf_counter() - began)
         tally.first_finished.setdefault(index, time.monotonic())
+        tally.finished.append((time.monotonic(), tally.seconds[-1]))
         check_consistent(tally, prompt, tokens)
 
 
@@ -154,17 +158,37 @@ def memory_summary(samples: list[dict], name: str, warm_at: float | None) -> dic
             "slope_mib_per_minute": slope_per_minute([(s["t"], s[name]) for s in after])}
 
 
+def latency_over_time(tally: Tally, began: float, every: float) -> list[dict]:
+    """The OK generations' wall time by when they ended, in intervals of ``every`` seconds: per interval its end
+    (seconds since the start), the generations that ended in it and their p50/p99 seconds."""
+    bins: dict[int, list[float]] = {}
+    for ended, seconds in tally.finished:
+        bins.setdefault(int((ended - began) // every), []).append(seconds)
+    return [{"t": round((i + 1) * every, 1), "generations": len(values),
+             "p50_seconds": round(percentile(values, 0.5), 3), "p99_seconds": round(percentile(values, 0.99), 3)}
+            for i, values in sorted(bins.items())]
+
+
+async def show_progress(bar, tally: Tally, began: float) -> None:
+    """Move ``bar`` (seconds of the run) once a second, with the generations so far, until cancelled."""
+    while True:
+        await asyncio.sleep(1)
+        bar.update(min(bar.total, time.monotonic() - began) - bar.n)
+        bar.set_postfix(generations=sum(tally.statuses.values()), failures=tally.failures(), refresh=False)
+
+
 def warm_up_seconds(tally: Tally, clients: int, began: float) -> float | None:
     """Seconds from the start until every regular client loop had finished a generation; None if one never did."""
     firsts = [tally.first_finished.get(i) for i in range(clients)]
     return None if None in firsts else round(max(firsts) - began, 1)
 
 
-async def soak(cluster: LocalCluster, config: argparse.Namespace) -> dict:
+async def soak(cluster: LocalCluster, config: argparse.Namespace, bar=None) -> dict:
     tally, samples = Tally(), []
     began = time.monotonic()
     until = began + 60 * config.minutes
     sampler = asyncio.ensure_future(sample_memory(cluster.services, config.sample_seconds, samples, began))
+    shower = asyncio.ensure_future(show_progress(bar, tally, began)) if bar is not None and not bar.disable else None
     burst = (began + 20 * config.minutes, began + 40 * config.minutes)   # the middle third of the run
     loops = [client_loop(i, cluster.coordinator.address, config, tally, until) for i in range(config.clients)]
     loops += [overload_loop(config.clients + i, cluster.coordinator.address, config, tally, *burst)
@@ -172,6 +196,8 @@ async def soak(cluster: LocalCluster, config: argparse.Namespace) -> dict:
     await asyncio.gather(*loops)
     wall = time.monotonic() - began
     sampler.cancel()
+    if shower is not None:
+        shower.cancel()
     samples.append(memory_sample(cluster.services, began))
     warm_at = warm_up_seconds(tally, config.clients, began)
     exited = [s.name for s in cluster.services if s.process.poll() is not None]
@@ -184,7 +210,8 @@ async def soak(cluster: LocalCluster, config: argparse.Namespace) -> dict:
             "generation_seconds_p99": round(percentile(tally.seconds, 0.99), 3),
             "warm_up_seconds": warm_at, "exited_services": exited,
             "memory": {s.name: memory_summary(samples, s.name, warm_at) for s in cluster.services},
-            "memory_samples": samples}
+            "memory_samples": samples,
+            "latency_over_time": latency_over_time(tally, began, config.sample_seconds)}
 
 
 def print_report(report: dict) -> None:
@@ -217,7 +244,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--request-timeout", type=float, default=300, help="deadline of one generation, seconds "
                         "(default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompt and length choices (default %(default)s)")
-    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here, and beside it (.png) each "
+                        "service's RSS and the p50/p99 generation latency over time")
     parser.add_argument("--log-dir", type=Path, default=None, help="service logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.clients < 1 or args.minutes <= 0 or not 1 <= args.min_tokens <= args.max_tokens:
@@ -232,11 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     with LocalCluster(log_dir, verifier_args=shlex.split(config.verifier_args),
                       drafter_args=shlex.split(config.drafter_args),
                       coordinator_args=shlex.split(config.coordinator_args)) as cluster:
-        report = asyncio.run(soak(cluster, config))
+        with progress(round(60 * config.minutes), "soak", unit="s",
+                      bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]") as bar:
+            report = asyncio.run(soak(cluster, config, bar))
     print_report(report)
     if config.json:
         config.json.parent.mkdir(parents=True, exist_ok=True)
         config.json.write_text(json.dumps(report, indent=1))
+        print(f"plot: {plot_soak(report, config.json.with_suffix('.png'))}")
     return 1 if report["failures"] or report["divergences"] or report["exited_services"] else 0
 
 
