@@ -26,6 +26,7 @@ class RoundSample:
     siblings: int = 0                    # a token tree: runner-up nodes drafted beside the chain (0 = a chain)
     took_sibling: bool = False           # the accepted path went through one of them (its last node)
     self_drafted: int = 0                # cloud drafting: tokens the verifier drafted and scored itself (k is 0)
+    draft_catchup: int = 0               # tokens the drafter computed before drafting (committed while it was idle)
 
     @property
     def tokens(self) -> int:

@@ -91,6 +91,7 @@ class Telemetry:
     accepted_ema: float | None = None                          # EMA of n (rounds with k > 0)
     judged_ema: float | None = None                            # EMA of positions judged, min(n + 1, k)
     judged_depth: int = 0                                      # positions judged at least once
+    known_depth: int = 0                                       # ... here or by the sessions this one started from
     draft_per_token: float | None = None                       # seconds
     verify_wall: float | None = None                           # seconds, verify round trip EMA (any window)
     verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> its forward seconds EMA, alone in it
@@ -144,7 +145,9 @@ class Telemetry:
         self.acceptance = _ema(self.acceptance, n / k, s)
         self.accepted_ema = _ema(self.accepted_ema, float(n), s)
         self.judged_ema = _ema(self.judged_ema, float(min(n + 1, k)), s)
-        if sample.draft_seconds > 0:
+        if sample.draft_seconds > 0 and sample.draft_catchup <= 1:
+            # a draft that first caught up on tokens committed while the drafter idled (a probe after
+            # target-only rounds) says nothing about a drafted token's cost: it would price drafting out
             self.draft_per_token = _ema(self.draft_per_token, sample.draft_seconds / k, s)
         self.judged_depth = max(self.judged_depth, min(n + 1, k, self.max_k))
         for j in range(min(n + 1, k, self.max_k)):     # positions that were actually judged
@@ -172,6 +175,7 @@ class Telemetry:
         32 tokens has too few rounds to find it from a prior far off."""
         self.inherit_costs(coordinator)
         self.alpha = list(coordinator.alpha)
+        self.known_depth = max(coordinator.known_depth, coordinator.judged_depth)
         self.sibling_chances, self.sibling_hits = coordinator.sibling_chances, coordinator.sibling_hits
 
     def absorb(self, session: "Telemetry", weight: float = 0.3) -> None:
@@ -180,6 +184,7 @@ class Telemetry:
         self.inherit_costs(session)
         for j in range(min(session.judged_depth, len(self.alpha))):
             self.alpha[j] = (1 - weight) * self.alpha[j] + weight * session.alpha[j]
+        self.known_depth = max(self.known_depth, session.known_depth, session.judged_depth)
         self.sibling_chances, self.sibling_hits = session.sibling_chances, session.sibling_hits   # started from ours
 
     # -- estimates -------------------------------------------------------------------------------
@@ -283,14 +288,31 @@ class Telemetry:
         return best_window(self._alphas(max_k), self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
                            lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k)
 
+    def probe_window(self, max_k: int) -> int:
+        """The window a probe (a drafted round among target-only ones) should draft: the best one by the costs if
+        every position accepted as the first does (the one a probe of one token measures), at least 1. A probe
+        of one token finds only the first position's acceptance, and the deeper ones stay where they were
+        (the prior, or earlier sessions'), so a drafter accepted 9 times in 10 stayed at target-only."""
+        first = self._alphas(1)[0]
+        return best_window([first] * max_k, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+                           lambda k: max(1e-6, self.verify_estimate(k, True)), max_k, min_k=1)
+
     def goodput_rate(self, k: int, optimistic: bool = False) -> float:
         """E(k) / (k t_draft + RTT + t_verify(k)) from these estimates: what goodput_window maximises."""
         return goodput(self._alphas(k), k, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
                        max(1e-6, self.verify_estimate(k, optimistic)))
 
     def _alphas(self, max_k: int) -> list[float]:
-        """Per-position acceptance for windows up to max_k: past the positions tracked, the last one's."""
-        return self.alpha + self.alpha[-1:] * (max_k - len(self.alpha)) if max_k > len(self.alpha) else self.alpha
+        """Per-position acceptance for windows up to max_k: past the positions tracked, the last one's; past the
+        positions ever judged (here or by earlier sessions), the deepest judged one's instead of the prior, so
+        that a window deeper than any tried is tried when what was seen says it would pay (conditional
+        acceptance changes little along a window; the prior 0.7 under a measured 0.9 kept windows at 1 for good),
+        and measured from then on."""
+        alpha = list(self.alpha)
+        known = min(max(self.known_depth, self.judged_depth), len(alpha))
+        if 0 < known < len(alpha):
+            alpha[known:] = [alpha[known - 1]] * (len(alpha) - known)
+        return alpha + alpha[-1:] * (max_k - len(alpha)) if max_k > len(alpha) else alpha
 
     def drafting_cannot_pay(self, max_k: int, margin: float = 1.1) -> bool:
         """True when, by the measured costs, no window of 1..max_k would beat target-only rounds by

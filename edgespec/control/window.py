@@ -87,7 +87,9 @@ class GoodputWindow:
                 self._idle_rounds >= self.rare_probe_every or self.telemetry.shared_forwards()
                 or not self.telemetry.drafting_cannot_pay(self.max_k)):
             self._probe_gap = min(2 * gap, max(self.probe_every, self.first_probe))
-            return 1   # acceptance may have recovered; k = 0 alone would never find out
+            # acceptance may have recovered; k = 0 alone would never find out. Probe the window that would pay
+            # if every position accepted as the first one does (1 while drafting is unmeasured).
+            return self.telemetry.probe_window(self.max_k) if self.telemetry.draft_per_token is not None else 1
         if self.telemetry.draft_per_token is None:   # drafting never measured: draft one token
             return min(1, self.max_k)
         measured = self.telemetry.verify_compute

@@ -110,6 +110,10 @@ class Rounds:
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
         self.drafter_synced = session.position   # the drafter's first drafter_synced tokens are committed ones
+        # Tokens committed by rounds the drafter did not draft (target-only, self-drafted) since it last drafted:
+        # its next draft computes them first, a catch-up that is no part of what drafting a token costs.
+        self.undrafted = 0
+        self.catchup = 0    # the last draft's catch-up, tokens
         # None while the drafter holds the session; else when to (re)open it there
         # (0 at the start: opened on the first draft, so a down drafter only costs speed).
         self.drafter_down_until: float | None = 0.0
@@ -197,6 +201,7 @@ class Rounds:
                 span.set_attribute("edgespec.drafter_down", True)
                 return None
             self.drafter_synced = session.position
+            self.catchup, self.undrafted = self.undrafted, 0
             return result
 
     def _drafter_fault(self, error: Exception) -> None:
@@ -234,6 +239,7 @@ class Rounds:
         self.drafter_down_until = None
         self.drafter_refusals = 0
         self.drafter_synced = self.session.position
+        self.undrafted = 0   # opening prefilled every committed token
         return True
 
     def commit(self, window: Window, verdict: Verdict, draft_seconds: float, verify_wall_seconds: float) -> Chunk:
@@ -247,7 +253,7 @@ class Rounds:
                              target_logprob=verdict.target_logprob, batch_windows=verdict.batch_windows,
                              batch_tokens=verdict.batch_tokens, siblings=len(window.draft) - chain,
                              took_sibling=bool(window.draft) and any(i >= chain for i in verdict.path),
-                             self_drafted=verdict.self_drafted)
+                             self_drafted=verdict.self_drafted, draft_catchup=self.catchup if window.draft else 0)
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
@@ -257,6 +263,8 @@ class Rounds:
         with tracer().start_as_current_span("commit"):
             position = len(session.generated)
             tokens = session.commit(window.draft, verdict)
+            if not window.draft:
+                self.undrafted += len(tokens)
             session.stats.record(sample)
             self.telemetry.record(sample)
             if self.metrics is not None:

@@ -198,3 +198,19 @@ def test_the_profile_is_scaled_to_what_rounds_measured_and_travels_with_the_cost
     session = Telemetry()
     session.start_from(t)
     assert session.profile == JAGGED and session.verify_estimate(3) == pytest.approx(3.8)
+
+
+def test_positions_never_judged_take_the_deepest_judged_acceptance_not_the_prior():
+    # Measured: target-only 0.30 s, a window of 1 at 0.63 s, drafting 0.1 s a token, the first position accepted
+    # 9 times in 10. With the prior 0.7 at positions 2 and 3 a window of 3 looked slower than target-only.
+    t = Telemetry(profile={n: 0.3 * c for n, c in JAGGED.items()})
+    t.verify_compute, t.draft_per_token = {0: 0.30, 1: 0.63}, 0.1
+    t.alpha[0], t.judged_depth = 0.9, 1
+    assert t._alphas(4)[:4] == [0.9, 0.9, 0.9, 0.9]
+    assert t.goodput_window(4, optimistic=True) >= 3
+    t.judged_depth = 3
+    t.alpha[1:3] = [0.3, 0.3]       # once judged, the measurement stands
+    assert t._alphas(4)[:4] == [0.9, 0.3, 0.3, 0.3]
+    session = Telemetry()
+    session.start_from(t)
+    assert session.known_depth == 3 and session._alphas(4)[:4] == [0.9, 0.3, 0.3, 0.3]
