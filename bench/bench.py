@@ -34,6 +34,7 @@ from pathlib import Path
 from edge_client.client import generate
 from bench.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
+from bench.report import track
 
 log = logging.getLogger("edgespec.bench")
 
@@ -195,7 +196,7 @@ def main() -> None:
             for address in [*coordinators.values(), *([cloud.address] if cloud else [])]:
                 asyncio.run(run_edgespec(address, "warm up", 8, 2))
             draft_name = "fp32" if quantize == "none" else quantize
-            for index, (category, text) in enumerate(prompts):
+            for index, (category, text) in enumerate(track(prompts, f"bench draft={draft_name}")):
                 if args.temperature > 0 and quantize == args.quantize.split(",")[0]:
                     tokens, seconds, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text,
                                                                       args.max_new_tokens, -1, args.temperature, index))
