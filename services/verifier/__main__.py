@@ -78,12 +78,12 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     group.add_argument("--forget-after", type=float, default=3600.0,
                        help="seconds a session may sit idle before it is dropped entirely (the coordinator re-opens "
                             "it with its committed prefix); 0 = never (default %(default)s)")
-    parser.add_argument("--profile-window", type=int, default=8,
+    parser.add_argument("--profile-window", type=int, default=None,
                         help="at start, time one target forward over a window of 0..N tokens (a few seconds on a "
                              "CPU) and report it in Info: the coordinator's window policy costs a window it has not "
                              "tried by this curve, which on a CPU is not monotone (a pass over 4 tokens can cost "
                              "less than one over 3); 0 = skip, and windows are costed by extrapolation until tried "
-                             "(default %(default)s)")
+                             "(default 8, or --max-window if smaller)")
     parser.add_argument("--self-draft-nodes", type=int, default=SelfDraftConfig().nodes,
                         help="cloud drafting (a coordinator's --cloud-draft; Progressive Tree Drafting): the most "
                              "guessed tokens the target scores per pass beside the last committed one. Each pass "
@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     service = model_service_config(parser, args)
     if not 1 <= args.self_draft_nodes <= 64:
         parser.error(f"--self-draft-nodes must be in 1..64, got {args.self_draft_nodes}")
+    if args.profile_window is None:
+        args.profile_window = min(8, service.max_window)
     if not 0 <= args.profile_window <= service.max_window:
         parser.error(f"--profile-window must be in 0..--max-window ({service.max_window}), got {args.profile_window}")
     if args.max_batch < 1 or args.max_queue < 1 or args.batch_wait_ms < 0 or args.batch_wait_fraction < 0:

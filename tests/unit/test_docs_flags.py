@@ -26,6 +26,7 @@ DESCRIBED = {
     ("--rate-burst", "2×rate"): 0,                # 0 = twice the rate
     ("--window", "auto"): -1,                     # window_arg("auto")
     ("--tree-depth", "auto"): -1,
+    ("--profile-window", "8, at most --max-window"): None,   # None = min(8, --max-window)
     ("--http-host", "--host"): "",                # "" = the --host address
     ("--served-model-name", "the verifier's model"): "",
     **{(f"--upstream-{flag}", "plaintext"): None for flag in ("tls-ca", "tls-cert", "tls-key", "token-file")},
