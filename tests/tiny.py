@@ -24,6 +24,17 @@ def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> lis
     return out[0, len(prompt):].tolist()
 
 
+def engine_target_only(lm, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Target-only greedy decoding through a verifier engine on ``lm`` (any backend): windows of 0 tokens."""
+    from edgespec.engines.verifier import VerifierEngine
+
+    reference = VerifierEngine(lm, lm.eos_ids())
+    reference.open("target-only", prompt)
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        out += reference.verify("target-only", len(prompt) + len(out), []).verdict.committed([])
+    return out[:max_new_tokens]
+
 
 def target_only_coupled(spec: str, prompt: list[int], max_new_tokens: int, params) -> list[int]:
     """The coupled sampler's reference on a tiny target (bench.baselines.target_only_coupled)."""

@@ -299,28 +299,26 @@ class VerifierEngine:
             window.tree
         except ValueError as error:
             raise InvalidArgument("draft_parents", str(error)) from None
+        self._check_scored_alone(session, window, "draft_parents", "score token trees; send chains (the torch "
+                                 "backend scores trees)")
+
+    def _check_scored_alone(self, session: _Session, window: Window, field: str, cannot: str) -> None:
+        """What a window scored alone as a token tree (a tree, a self-drafted window) needs: a backend that
+        scores trees, lossless verification, and no pipelining."""
         if not hasattr(self.target, "tree_rows"):
-            raise InvalidArgument("draft_parents", f"this verifier's backend ({type(self.target).__name__}) does not "
-                                  "score token trees; send chains (the torch backend scores trees)")
+            raise InvalidArgument(field, f"this verifier's backend ({type(self.target).__name__}) does not {cannot}")
         if session.params.relaxation.lossy:
-            raise InvalidArgument("draft_parents", "tree windows are verified losslessly only: send chains in "
-                                  "relaxed sessions")
+            raise InvalidArgument(field, "token trees are verified losslessly only: not in relaxed sessions")
         if window.parent is not None:
-            raise InvalidArgument("draft_parents", "a tree window cannot be optimistic (pipelined)")
+            raise InvalidArgument(field, "a token tree cannot be optimistic (pipelined)")
 
     def _check_self_draft(self, session: _Session, window: Window) -> None:
         if window.draft or window.parents or window.q:
             raise InvalidArgument("self_draft", "a self-drafted window carries no draft tokens, parents or q")
         if not 0 < window.self_draft <= self.limits.max_window:
             raise InvalidArgument("self_draft", f"must be in 1..{self.limits.max_window}, got {window.self_draft}")
-        if not hasattr(self.target, "tree_rows"):
-            raise InvalidArgument("self_draft", f"this verifier's backend ({type(self.target).__name__}) does not "
-                                  "draft for itself (it scores no token trees); send drafted windows")
-        if session.params.relaxation.lossy:
-            raise InvalidArgument("self_draft", "self-drafted windows are verified losslessly only: not in "
-                                  "relaxed sessions")
-        if window.parent is not None:
-            raise InvalidArgument("self_draft", "a self-drafted window cannot be optimistic (pipelined)")
+        self._check_scored_alone(session, window, "self_draft", "draft for itself (it scores no token trees); "
+                                 "send drafted windows")
         if max(window.base_position, len(session.committed)) + window.self_draft + 1 > self.limits.max_session_tokens:
             raise InvalidArgument("self_draft", f"session would exceed {self.limits.max_session_tokens} tokens")
 

@@ -19,7 +19,7 @@ from edgespec.loop.speculation import speculate
 from edgespec.verify.sampling import Relaxation, SamplingParams
 from edgespec.verify.tree import ROOT
 from tests.stats import chi2_critical, chi_square_gof
-from tests.tiny import target_only_coupled, target_only_greedy, tiny
+from tests.tiny import engine_target_only, target_only_coupled, target_only_greedy, tiny
 from tests.unit.test_sampling_engines import PARAMS, exact_first_two
 
 TARGET = "tiny:3"
@@ -185,11 +185,6 @@ def test_a_verifier_that_cannot_draft_for_itself_refuses_and_the_session_goes_on
                 pass
 
         asyncio.run(go())
-        reference = VerifierEngine(lm, lm.eos_ids())
-        reference.open("r", prompt)
-        out = []
-        while len(out) < new:
-            out += reference.verify("r", len(prompt) + len(out), []).verdict.committed([])
-        assert log.generated == out[:new] and log.stats.accepted == 0
+        assert log.generated == engine_target_only(lm, prompt, new) and log.stats.accepted == 0
     finally:
         lm.close()

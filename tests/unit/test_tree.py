@@ -118,7 +118,7 @@ from edgespec.errors import InvalidArgument  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
 from edgespec.loop.speculation import speculate  # noqa: E402
 from edgespec.verify.sampling import Relaxation, SamplingParams  # noqa: E402
-from tests.tiny import target_only_greedy, tiny  # noqa: E402
+from tests.tiny import engine_target_only, target_only_greedy, tiny  # noqa: E402
 
 
 RELAXED = SamplingParams(temperature=0.8, seed=1, relaxation=Relaxation("cospec", margin=1.0))
@@ -212,12 +212,7 @@ def test_the_round_loop_falls_back_to_chains_when_the_verifier_refuses_trees():
                 pass
 
         asyncio.run(go())
-        reference = VerifierEngine(lm, lm.eos_ids())
-        reference.open("r", prompt)
-        out = []
-        while len(out) < new:
-            out += reference.verify("r", len(prompt) + len(out), []).verdict.committed([])
-        assert log.generated == out[:new] and not any(w.parents for w, _ in port.seen)
+        assert log.generated == engine_target_only(lm, prompt, new) and not any(w.parents for w, _ in port.seen)
     finally:
         lm.close()
 
