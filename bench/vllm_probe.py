@@ -31,7 +31,12 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--in-engine", action="store_true",
+                        help="instead: windows verified inside the engine by its speculative decoding, drafts from "
+                             "bench.vllm_oracle_proposer (the target's own continuation: all accepted), k = 0..max-k")
     args = parser.parse_args()
+    if args.in_engine:
+        return in_engine(args)
 
     import vllm
     from vllm import LLM, SamplingParams
@@ -82,6 +87,48 @@ def main() -> None:
         except Exception as error:   # noqa: BLE001 - report what the installed version has
             proposers[name] = f"not importable: {type(error).__name__}: {error}"[:200]
     result["spec_decode_modules"] = proposers
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+def in_engine(args) -> None:
+    """Tokens/s of greedy decoding when every step verifies a window of k drafted tokens that the target
+    accepts: (k + 1) tokens a step, so c(k + 1) / c(1) = (k + 1) * tps(0) / tps(k)."""
+    import os
+    import tempfile
+
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    folder = Path(tempfile.mkdtemp(prefix="vllm-oracle-"))
+    tokens_path, k_path = folder / "tokens.json", folder / "k"
+    os.environ["EDGESPEC_ORACLE_TOKENS"], os.environ["EDGESPEC_ORACLE_K"] = str(tokens_path), str(k_path)
+    prefix = [(13 + 17 * i) % 5000 + 100 for i in range(args.prefix)]
+    tokens_path.write_text(json.dumps(prefix))
+    k_path.write_text("0")
+    started = time.perf_counter()
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=2048, enable_prefix_caching=True, seed=0,
+              max_num_seqs=4, speculative_config={"method": "custom_class", "num_speculative_tokens": args.max_k,
+                                                  "model": "bench.vllm_oracle_proposer.OracleProposer"})
+    result = dict(vllm=vllm.__version__, mode="in-engine", start_seconds=round(time.perf_counter() - started, 1))
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
+    reference = list(llm.generate([{"prompt_token_ids": prefix}], greedy, use_tqdm=False)[0].outputs[0].token_ids)
+    tokens_path.write_text(json.dumps(prefix + reference))
+    rates, identical = {}, {}
+    for k in range(args.max_k + 1):
+        k_path.write_text(str(k))
+        times, outputs = [], []
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            out = llm.generate([{"prompt_token_ids": prefix}], greedy, use_tqdm=False)[0]
+            times.append(time.perf_counter() - started)
+            outputs.append(list(out.outputs[0].token_ids))
+        rates[k] = round(args.decode_tokens / statistics.median(times), 2)
+        identical[k] = all(o == reference for o in outputs)
+        print(f"in-engine windows of k={k}: {rates[k]} tok/s, output identical {identical[k]}", flush=True)
+    result.update(tokens_per_second=rates, identical=identical,
+                  forward_over_step={k + 1: round((k + 1) * rates[0] / rates[k], 2) for k in rates})
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
