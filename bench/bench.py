@@ -34,6 +34,7 @@ from pathlib import Path
 from edge_client.client import generate
 from bench.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
+from edgespec.engines.self_draft import SelfDraftConfig
 from bench.report import track
 
 log = logging.getLogger("edgespec.bench")
@@ -139,7 +140,7 @@ def main() -> None:
     parser.add_argument("--cloud-draft", default="on", choices=["on", "off"],
                         help="rows where the verifier drafts for itself (coordinator --cloud-draft on; the "
                              "verifier's --self-draft-nodes budget) beside the edge drafter's (default %(default)s)")
-    parser.add_argument("--self-draft-nodes", type=int, default=12,
+    parser.add_argument("--self-draft-nodes", type=int, default=SelfDraftConfig().nodes,
                         help="the verifier's cloud-drafting budget per pass, tokens (default %(default)s)")
     parser.add_argument("--cost-curve", type=int, default=16,
                         help="time one target forward over n = 1..N tokens (0 = skip; default %(default)s)")
