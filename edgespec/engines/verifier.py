@@ -154,8 +154,14 @@ class VerifierEngine:
         return time.perf_counter() - started
 
     def close(self, session_id: str) -> None:
-        if self._sessions.pop(session_id, None) is None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
             raise NotFound(f"session {session_id!r} is not open on this verifier")
+        self._release(session)
+
+    def _release(self, session: _Session) -> None:
+        """A session dropped (closed, forgotten, replaced): what its backend holds for it outside its KV state
+        (nothing here: a torch or llama.cpp state is freed with the session)."""
 
     def verify(self, session_id: str, base_position: int, draft: Sequence[int],
                q: Sequence[SparseDist] = (), params_fingerprint: int = 0,
@@ -376,6 +382,7 @@ class VerifierEngine:
             idle = now - session.last_used
             if limits.forget_after_seconds and idle >= limits.forget_after_seconds:
                 del self._sessions[session_id]
+                self._release(session)
                 forgotten.append(session_id)
             elif limits.idle_ttl_seconds and idle >= limits.idle_ttl_seconds and self._drop_kv(session):
                 dropped.append(session_id)

@@ -25,6 +25,7 @@ RETRY_AFTER_KEY = "retry-after-ms"              # trailing metadata on RESOURCE_
 STATUS_OF: dict[type[errors.EdgespecError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
@@ -52,6 +53,8 @@ def from_rpc_error(error: grpc.aio.AioRpcError, peer: str) -> errors.EdgespecErr
         return errors.InvalidArgument("request", detail)
     if code == grpc.StatusCode.NOT_FOUND:
         return errors.NotFound(detail)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return errors.FailedPrecondition(detail)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         hint = dict(error.trailing_metadata() or ()).get(RETRY_AFTER_KEY)
         return errors.ResourceExhausted(detail, int(hint) / 1000 if hint and hint.isdigit() else None)

@@ -3,6 +3,8 @@
     python -m services.verifier --model target --port 50061
     python -m services.verifier --max-batch 1        (no cross-session batching)
     python -m services.verifier --backend llamacpp   (the GGUF target in llama.cpp)
+    .venv-vllm/bin/python -m services.verifier --backend vllm --dtype bfloat16   (the target in vLLM; its own
+        environment: bash scripts/vllm_env.sh)
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from edgespec.engines.batching import BatchPolicy
 from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.engines.self_draft import SelfDraftConfig
 from edgespec.engines.verifier import VerifierLimits
+from edgespec.backends import vllm_lm
+from edgespec.backends.vllm_lm import VllmOptions
 
 log = logging.getLogger("edgespec.verifier")
 
@@ -28,9 +32,10 @@ class VerifierConfig:
     service: ModelServiceConfig   # the flags every model service shares
     batch: BatchPolicy            # cross-session batching and the bounded queue
     limits: VerifierLimits        # windows, session length, KV memory, idle eviction
-    backend: str = "torch"        # "torch" (transformers, the bit-exact reference) | "llamacpp" (GGUF)
+    backend: str = "torch"        # "torch" (transformers, the bit-exact reference) | "llamacpp" (GGUF) | "vllm"
     profile_window: int = 8       # at start, time one forward over windows of 0..this many tokens (0 = don't)
     self_draft: SelfDraftConfig = SelfDraftConfig()   # cloud drafting (PTD): the tree's token budget per pass
+    vllm: VllmOptions = VllmOptions()                 # --backend vllm: what goes to vLLM's engine arguments
 
 
 def parse_args(argv: list[str] | None = None) -> VerifierConfig:
@@ -43,10 +48,14 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
                    "(random test model, torch only), a Hugging Face model directory or a Hugging Face id "
                    "ORG/NAME from the local Hugging Face cache (HF_HUB_CACHE or HF_HOME; never downloaded) "
                    "(torch), or a .gguf file (llamacpp)")
-    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp"],
+    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp", "vllm"],
                         help="torch: transformers (float32 by default; the bit-exact reference); llamacpp: the GGUF "
                              "file as shipped, in llama.cpp (packaged models need no conversion), sessions batched as "
-                             "sequences of one context (default %(default)s)")
+                             "sequences of one context; vllm: the target in vLLM, windows verified by its own "
+                             "speculative decoding with each session's request kept in the engine (run it with the "
+                             "vLLM environment's Python: bash scripts/vllm_env.sh; greedy and standard sampling; "
+                             "coupled and relaxed sessions, token trees and cloud drafting are refused) "
+                             "(default %(default)s)")
     group = parser.add_argument_group("batching and load", "Cross-session batching, the bounded queue, KV memory "
                                       "and idle sessions. An evicted KV cache is rebuilt from the session's committed "
                                       "tokens on its next window: eviction costs a prefill, never a token.")
@@ -89,8 +98,56 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
                              "guessed tokens the target scores per pass beside the last committed one. Each pass "
                              "costs a forward over that many tokens + 1 (see the forward profile in the log: on a "
                              "CPU 16 tokens cost ~3 single steps, on a GPU about one) (default %(default)s)")
+    vllm = parser.add_argument_group("vLLM backend", "With --backend vllm, passed to vLLM's engine. --dtype goes "
+                                     "as it is (auto: the checkpoint's; vLLM on a CPU wants bfloat16); --device is "
+                                     "vLLM's choice (its CPU or GPU build).")
+    vllm.add_argument("--max-model-len", type=int, default=VllmOptions().max_model_len,
+                      help="longest sequence vLLM holds, tokens; --max-session-tokens is kept below it "
+                           "(default %(default)s)")
+    vllm.add_argument("--tensor-parallel-size", type=int, default=1,
+                      help="GPUs one copy of the target is split across (default %(default)s)")
+    vllm.add_argument("--pipeline-parallel-size", type=int, default=1,
+                      help="pipeline stages the target is split into (default %(default)s)")
+    vllm.add_argument("--gpu-memory-utilization", type=float, default=VllmOptions().gpu_memory_utilization,
+                      help="share of each GPU's memory vLLM takes for weights and KV cache (default %(default)s)")
+    vllm.add_argument("--quantization", default=None,
+                      help="vLLM's quantization method (awq, gptq, fp8, ...); unset = the checkpoint's own")
+    vllm.add_argument("--vllm-kv-cache-gb", type=float, default=VllmOptions().kv_cache_gb,
+                      help="vLLM on a CPU: memory for its KV cache, GiB (VLLM_CPU_KVCACHE_SPACE) "
+                           "(default %(default)s)")
+    vllm.add_argument("--vllm-compile", action="store_true",
+                      help="let vLLM compile the model and capture CUDA graphs (faster steps on a GPU, minutes "
+                           "more to start); off = eager")
     args = parser.parse_args(argv)
     service = model_service_config(parser, args)
+    options = VllmOptions()
+    if args.backend == "vllm":
+        if args.model.startswith("tiny:"):
+            parser.error("--backend vllm needs a Hugging Face model directory ('target', 'draft', 'smollm2' once "
+                         "prepared, a path or a Hugging Face id); tiny:SEED models exist only for torch")
+        if args.kv_budget_mb or args.max_session_kv_mb:
+            parser.error("--kv-budget-mb and --max-session-kv-mb are the torch and llama.cpp backends' KV limits: "
+                         "vLLM sizes its own KV cache (--gpu-memory-utilization, --vllm-kv-cache-gb)")
+        if min(args.tensor_parallel_size, args.pipeline_parallel_size) < 1:
+            parser.error("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
+        if not 0 < args.gpu_memory_utilization <= 1:
+            parser.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+        if args.vllm_kv_cache_gb <= 0:
+            parser.error(f"--vllm-kv-cache-gb must be > 0, got {args.vllm_kv_cache_gb}")
+        if args.max_model_len < service.max_window + 2:
+            parser.error(f"--max-model-len must hold at least one window (> --max-window + 1), got "
+                         f"{args.max_model_len}")
+        if not vllm_lm.available():
+            parser.error("--backend vllm needs vLLM, which this Python lacks: run `bash scripts/vllm_env.sh` and "
+                         "start the verifier with .venv-vllm/bin/python")
+        options = VllmOptions(dtype=args.dtype, max_model_len=args.max_model_len,
+                              tensor_parallel_size=args.tensor_parallel_size,
+                              pipeline_parallel_size=args.pipeline_parallel_size,
+                              gpu_memory_utilization=args.gpu_memory_utilization, quantization=args.quantization,
+                              kv_cache_gb=args.vllm_kv_cache_gb, enforce_eager=not args.vllm_compile)
+        # a session's committed tokens, one window and the token vLLM samples past it fit in one vLLM sequence
+        service = replace(service, max_session_tokens=min(service.max_session_tokens,
+                                                          args.max_model_len - service.max_window - 2))
     if not 1 <= args.self_draft_nodes <= 64:
         parser.error(f"--self-draft-nodes must be in 1..64, got {args.self_draft_nodes}")
     if args.profile_window is None:
@@ -110,12 +167,16 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue, args.batch_wait_fraction),
         VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
                        round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after), args.backend,
-        args.profile_window, SelfDraftConfig(nodes=args.self_draft_nodes))
+        args.profile_window, SelfDraftConfig(nodes=args.self_draft_nodes), options)
 
 
 def load_target(config: VerifierConfig):
     """The target model of the configured backend, with its EOS ids; runs on the model worker thread."""
     service = config.service
+    if config.backend == "vllm":
+        path = vllm_lm.model_dir(service.model)
+        lm = vllm_lm.load(str(path), config.vllm, service.max_window)
+        return lm, vllm_lm.eos_ids(path)
     if config.backend == "llamacpp":
         from edgespec.backends import llamacpp
         from edgespec.backends.assets import gguf_spec
@@ -168,11 +229,17 @@ async def main(config: VerifierConfig) -> None:
     worker = ModelWorker("verifier")
     log.info("loading target model %s (%s backend)", service.model, config.backend)
     (target, eos), _ = await worker.call(load_target, config)
-    engine = VerifierEngine(target, eos, fitted_limits(config.limits, target), self_draft=config.self_draft)
+    if config.backend == "vllm":
+        from edgespec.engines.vllm_verifier import VllmVerifierEngine, vllm_profile
+
+        engine, profiler = VllmVerifierEngine(target, eos, config.limits), vllm_profile
+    else:
+        engine = VerifierEngine(target, eos, fitted_limits(config.limits, target), self_draft=config.self_draft)
+        profiler = forward_profile
     profile = {}
     if config.profile_window:
         started = time.perf_counter()
-        profile, _ = await worker.call(forward_profile, target, config.profile_window + 1, 32, 1)
+        profile, _ = await worker.call(profiler, target, config.profile_window + 1, 32, 1)
         log.info("forward cost by tokens fed (measured in %.1fs): %s", time.perf_counter() - started,
                  describe(profile))
     scheduler = VerifyScheduler(engine, worker, config.batch)

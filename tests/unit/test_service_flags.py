@@ -171,3 +171,39 @@ def test_help_names_the_environment_variable_of_each_flag(module, prefix):
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0 and f"{prefix}_<FLAG>" in " ".join(out.stdout.split())
     assert "--log-level" in out.stdout and f"{prefix}_LOG_LEVEL" in out.stdout and f"{prefix}_PORT" in out.stdout
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--model", "tiny:1"], "tiny:SEED models exist only for torch"),
+    (["--kv-budget-mb", "100"], "vLLM sizes its own KV cache"),
+    (["--max-session-kv-mb", "10"], "vLLM sizes its own KV cache"),
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size and --pipeline-parallel-size must be >= 1"),
+    (["--pipeline-parallel-size", "0"], "--tensor-parallel-size and --pipeline-parallel-size must be >= 1"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be in (0, 1]"),
+    (["--vllm-kv-cache-gb", "0"], "--vllm-kv-cache-gb must be > 0"),
+    (["--max-model-len", "16"], "--max-model-len must hold at least one window"),
+    ([], "needs vLLM, which this Python lacks"),      # this environment has no vLLM: the last check
+])
+def test_bad_vllm_backend_flags_say_what_is_wrong(flags, says, capsys):
+    with pytest.raises(SystemExit):
+        verifier_args(["--backend", "vllm", *flags])
+    assert says in capsys.readouterr().err
+
+
+def test_vllm_flags_reach_the_engine_and_bound_the_sessions(monkeypatch):
+    from edgespec.backends import vllm_lm
+
+    monkeypatch.setattr(vllm_lm, "available", lambda: True)   # what the vLLM environment says (tested there)
+    config = verifier_args(["--backend", "vllm", "--model", "smollm2", "--dtype", "bfloat16", "--max-model-len",
+                            "1024", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
+                            "--gpu-memory-utilization", "0.5", "--quantization", "fp8", "--vllm-kv-cache-gb", "4",
+                            "--vllm-compile", "--max-window", "8"])
+    assert config.vllm == vllm_lm.VllmOptions(dtype="bfloat16", max_model_len=1024, tensor_parallel_size=2,
+                                              pipeline_parallel_size=3, gpu_memory_utilization=0.5,
+                                              quantization="fp8", kv_cache_gb=4.0, enforce_eager=False)
+    # a session, one window and the token vLLM samples past it fit in --max-model-len
+    assert config.limits.max_session_tokens == 1024 - 8 - 2
+    # the torch backend ignores them
+    torch_config = verifier_args(["--max-model-len", "1024", "--tensor-parallel-size", "2"])
+    assert torch_config.backend == "torch" and torch_config.limits.max_session_tokens == 8192
