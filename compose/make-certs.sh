@@ -2,7 +2,8 @@
 # Certificates and bearer tokens for compose/tls.yaml (a test CA for one workstation; use your own PKI
 # elsewhere). Writes into $1 (default compose/certs, git-ignored):
 #   ca.pem                          the CA every service and client trusts
-#   NAME.pem, NAME-key.pem          server certificates for verifier-a, verifier-b, drafter, coordinator:
+#   NAME.pem, NAME-key.pem          server certificates for verifier-a, verifier-b, verifier-gpu (profile gpu),
+#                                   drafter, coordinator:
 #                                   SAN = the compose service name, localhost, 127.0.0.1 (the health probe);
 #                                   serverAuth + clientAuth (under mutual TLS the probe presents it)
 #   coordinator-client.pem/-key.pem the coordinator's client certificate towards drafter and verifiers (mTLS)
@@ -31,7 +32,7 @@ issue() {  # issue NAME SAN... : a certificate for NAME signed by the CA
     2>/dev/null
   rm -f "$name.csr"
 }
-for svc in verifier-a verifier-b drafter coordinator; do
+for svc in verifier-a verifier-b verifier-gpu drafter coordinator; do
   issue "$svc" "DNS:$svc" DNS:localhost IP:127.0.0.1
 done
 issue coordinator-client DNS:coordinator

