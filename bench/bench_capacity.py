@@ -541,8 +541,9 @@ def add_device_flags(parser: argparse.ArgumentParser, modes: str) -> None:
                         "auto-blind, awc "
                         "(default %(default)s)")
     parser.add_argument("--model", default="target", help="the verifier's --model (default %(default)s)")
-    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch"],
-                        help="the verifier's --backend (default %(default)s)")
+    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch", "vllm"],
+                        help="the verifier's --backend; vllm runs it with the vLLM environment's Python "
+                             "(bash scripts/vllm_env.sh) (default %(default)s)")
     parser.add_argument("--draft", default="draft", help="the draft model, a GGUF run in llama.cpp on one core: "
                         "'draft', 'smollm2', 'target' or a .gguf file (default %(default)s)")
     parser.add_argument("--draft-ms", type=float, default=None, help="the edge device's draft time per token, ms "
@@ -593,6 +594,8 @@ def verifier_batch(args: list[str]) -> dict:
     """The verifier's batching settings for these flags (its own parser's defaults): for a simulator."""
     from services.verifier.__main__ import parse_args as verifier_args
 
+    # the batching flags mean the same on every backend; this Python may lack vLLM, so read them as torch's
+    args = [("torch" if i and args[i - 1] == "--backend" else a) for i, a in enumerate(args)]
     batch = verifier_args(args).batch
     return {"max_batch": batch.max_batch, "batch_wait_ms": 1000 * batch.wait_seconds,
             "wait_fraction": batch.wait_fraction}
@@ -638,7 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-capacity-"))
     print(f"verifier logs: {log_dir}", flush=True)
     pin = pin_devices(config)
-    with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
+    python = None
+    if config.backend == "vllm":
+        from bench.vllm_jobs import VLLM_PYTHON
+        python = str(VLLM_PYTHON)
+    with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin, python=python) as (service, metrics_url):
         print(f"verifier {service.address} (cpus {pin or 'all'}), batch sizes from {BATCH_METRIC} at {metrics_url}",
               flush=True)
         rows, draft_seconds, prompt_info = asyncio.run(measure(service, metrics_url, config, prompts, keys))

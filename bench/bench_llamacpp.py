@@ -129,7 +129,7 @@ def compare(tokens: list[int], reference: dict) -> dict:
 
 
 def run_mode(cluster: LocalCluster, label: str, texts: list[str], refs: list[dict], tokens: int, window: int,
-             bar=None, **extra) -> list[dict]:
+             bar=None, keep_tokens: bool = False, **extra) -> list[dict]:
     rows = []
     for index, (text, ref) in enumerate(zip(texts, refs)):
         got, stats = asyncio.run(run_edgespec(cluster.coordinator.address, text, tokens, window))
@@ -139,7 +139,7 @@ def run_mode(cluster: LocalCluster, label: str, texts: list[str], refs: list[dic
         rows.append({"mode": label, "prompt": index, "new_tokens": len(got), "decode_seconds": decode,
                      "tokens_per_second": len(got) / decode, "acceptance": stats.acceptance_rate,
                      "tokens_per_round": stats.mean_accepted_length, "drafted": stats.drafted_tokens,
-                     **compare(got, ref), **extra})
+                     **compare(got, ref), **extra, **({"tokens": got} if keep_tokens else {})})
         log.info("%s prompt %d: %.2f tok/s, acceptance %.2f, identical %s", label, index,
                  rows[-1]["tokens_per_second"], stats.acceptance_rate, rows[-1]["identical"])
     return rows

@@ -315,11 +315,11 @@ def unknown_flags(args: list[str], help_text: str) -> list[str]:
 
 @contextmanager
 def running_verifier(args: list[str], log_dir: Path, name: str, metrics: bool,
-                     cpus: str | None = None) -> Iterator[tuple[Service, str | None]]:
-    """The verifier process (pinned to the taskset list ``cpus``, if given) and, with ``metrics``, its /metrics
-    URL (--metrics-port 0: it logs the port it took)."""
+                     cpus: str | None = None, python: str | None = None) -> Iterator[tuple[Service, str | None]]:
+    """The verifier process (pinned to the taskset list ``cpus``, if given; on the interpreter ``python``, if
+    given) and, with ``metrics``, its /metrics URL (--metrics-port 0: it logs the port it took)."""
     service = start_service("services.verifier", [*args, *(["--metrics-port", "0"] if metrics else [])], log_dir, name,
-                            cpus=cpus)
+                            cpus=cpus, python=python)
     try:
         found = METRICS_URL.search(service.log_path.read_text(errors="replace")) if metrics else None
         yield service, found.group(1) if found else None

