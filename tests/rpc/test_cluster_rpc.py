@@ -143,22 +143,27 @@ def test_verifier_replayed_window_gets_the_same_verdict(cluster):
 def test_verifier_reordered_and_duplicated_optimistic_windows_over_one_stream(cluster):
     """Pipelining's windows over a real stream: an optimistic window that arrives before the window it
     depends on is discarded (nothing changes); after it, the same window verifies; a duplicate replays."""
-    address = cluster.verifier.address
     prompt = list(b"hello")
-    truth = target_only_greedy(cluster.target, prompt, 6)
-    asyncio.run(open_session(address, "v3", prompt))
+    check_optimistic_windows(cluster.verifier.address, "v3", prompt, target_only_greedy(cluster.target, prompt, 6))
+
+
+def check_optimistic_windows(address: str, sid: str, prompt: list[int], truth: list[int]) -> None:
+    """Reordered, duplicated and wrong-parent optimistic windows of a session opened here on ``prompt`` (5
+    tokens), whose target-only greedy continuation is ``truth`` (6 tokens); any verifier backend."""
+    asyncio.run(open_session(address, sid, prompt))
 
     def optimistic(base, draft, parent, seq):
-        return verifier_pb2.Window(session_id="v3", window_seq=seq, base_position=base, draft_tokens=draft,
+        return verifier_pb2.Window(session_id=sid, window_seq=seq, base_position=base, draft_tokens=draft,
                                    optimistic=True, parent_token=parent)
 
     ahead = optimistic(8, truth[3:5], truth[2], 1)        # assumes truth[0:3] already committed
-    first = W(5, truth[0:2], sid="v3", seq=0)             # commits truth[0:3] (2 accepted + bonus)
+    first = W(5, truth[0:2], sid=sid, seq=0)              # commits truth[0:3] (2 accepted + bonus)
     verdicts, status, details, _ = asyncio.run(verifier_stream_call(address, [ahead, first, ahead, ahead]))
     assert status == grpc.StatusCode.OK, details
     assert verdicts[0].discarded and verdicts[0].committed_position == 5          # reordered: discarded
     assert (verdicts[1].accepted, verdicts[1].committed_position) == (2, 8)
     assert not verdicts[2].discarded and verdicts[2].committed_position == 11      # now it holds
+    assert verdicts[2].next_token == truth[5]
     same = lambda v: (v.discarded, v.accepted, v.next_token, v.committed_position)  # noqa: E731
     assert same(verdicts[3]) == same(verdicts[2])                                   # duplicate: same verdict
     wrong_parent = optimistic(11, [1], truth[5] + 1, 2)

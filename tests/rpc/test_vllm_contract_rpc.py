@@ -11,7 +11,7 @@ from bench.cluster import LocalCluster
 from bench.vllm_jobs import VLLM_PYTHON
 from edgespec.backends.registry import model_path
 from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
-from tests.rpc.test_cluster_rpc import W, open_session, verifier_stream_call
+from tests.rpc.test_cluster_rpc import W, check_optimistic_windows, open_session, verifier_stream_call
 
 if not VLLM_PYTHON.exists():
     pytest.skip("the vLLM environment is missing: bash scripts/vllm_env.sh (scripts/test.sh makes it)",
@@ -83,25 +83,7 @@ def test_a_replayed_window_gets_the_same_verdict(verifier, truth):
 
 
 def test_reordered_duplicated_and_wrong_parent_optimistic_windows(verifier, truth):
-    asyncio.run(open_session(verifier, "v3", PROMPT))
-
-    def optimistic(base, draft, parent, seq):
-        return verifier_pb2.Window(session_id="v3", window_seq=seq, base_position=base, draft_tokens=draft,
-                                   optimistic=True, parent_token=parent)
-
-    ahead = optimistic(8, truth[3:5], truth[2], 1)        # assumes truth[0:3] already committed
-    first = W(5, truth[0:2], sid="v3", seq=0)             # commits truth[0:3] (2 accepted + bonus)
-    verdicts, status, details, _ = asyncio.run(verifier_stream_call(verifier, [ahead, first, ahead, ahead]))
-    assert status == grpc.StatusCode.OK, details
-    assert verdicts[0].discarded and verdicts[0].committed_position == 5          # reordered: discarded
-    assert (verdicts[1].accepted, verdicts[1].committed_position) == (2, 8)
-    assert not verdicts[2].discarded and verdicts[2].committed_position == 11      # now it holds
-    same = lambda v: (v.discarded, v.accepted, v.next_token, v.committed_position)  # noqa: E731
-    assert same(verdicts[3]) == same(verdicts[2])                                   # duplicate: same verdict
-    assert verdicts[2].next_token == truth[5]
-    wrong_parent = optimistic(11, [1], truth[5] + 1, 2)
-    verdicts, status, _, _ = asyncio.run(verifier_stream_call(verifier, [wrong_parent]))
-    assert verdicts[0].discarded and verdicts[0].committed_position == 11
+    check_optimistic_windows(verifier, "v3", PROMPT, truth[:6])
 
 
 def test_bad_opens_unknown_close_and_info(verifier):
