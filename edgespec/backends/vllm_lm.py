@@ -66,10 +66,9 @@ class StepOutput:
 class VllmTarget:
     """A vLLM engine seen as the verifier's target: requests added, drafts set, steps taken, requests ended."""
 
-    def __init__(self, engine, model: str, options: VllmOptions, max_window: int):
+    def __init__(self, engine, model: str, options: VllmOptions):
         self.engine = engine
         self.options = options
-        self.max_window = max_window
         self.name = Path(model).name
         self._scheduler = engine.engine_core.engine_core.scheduler
         model_config = engine.model_config
@@ -189,7 +188,7 @@ def load(model: str, options: VllmOptions, max_window: int) -> VllmTarget:
     engine = LLMEngine.from_engine_args(args)
     repair_expand()
     log.info("vLLM engine up in %.1fs", time.perf_counter() - started)
-    return VllmTarget(engine, model, options, max_window)
+    return VllmTarget(engine, model, options)
 
 
 def model_dir(spec: str) -> Path:

@@ -185,6 +185,11 @@ def test_helm_lint_passes(helm, variant):
         "drafter-cuda-on-cpu-image", "image-variant", "load-metric", "windows-target", "netpol-typo", "netpol-peers",
         "scrape-interval"])
 def test_values_schema_rejects_bad_values(helm, tmp_path, bad, named):
+    assert_schema_refuses(helm, tmp_path, bad, named)
+
+
+def assert_schema_refuses(helm, tmp_path, bad: str, named: str) -> None:
+    """The chart does not render with the values ``bad``, and its schema error names ``named``."""
     values = tmp_path / "bad.yaml"
     values.write_text(bad)
     done = helm.template("-f", str(values))
@@ -979,11 +984,7 @@ def test_llamacpp_backend_prepares_gguf_files(helm, tmp_path, monkeypatch):
         "max-model-len-0", "kv-cache-0", "quantization", "compile", "gpus-negative", "shm-size", "typo",
         "image-variant", "gpus-on-cpu-build", "cuda-on-cpu-build", "cuda-on-cpu-build-cuda-torch-image", "tiny"])
 def test_values_schema_rejects_bad_vllm_values(helm, tmp_path, bad, named):
-    values = tmp_path / "bad.yaml"
-    values.write_text(bad)
-    done = helm.template("-f", str(values))
-    assert done.returncode != 0, f"rendered with {bad!r}"
-    assert "schema" in done.stderr and named in done.stderr, done.stderr
+    assert_schema_refuses(helm, tmp_path, bad, named)
 
 
 @pytest.mark.parametrize("sets, message", [
