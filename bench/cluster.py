@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.wan import DelayProxy, LinkProfile
+from edgespec.ops.llama_build import describe_exit, installed as installed_build
 
 REPO_ROOT = Path(__file__).resolve().parents[1]   # the source checkout bench/ lives in
+CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT}
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
@@ -38,6 +40,24 @@ class Service:
     env: dict[str, str] | None = None  # extra environment it was started with
     cpus: str | None = None
     python: str | None = None          # the interpreter it runs on (None: this one)
+
+    def exit_note(self) -> str | None:
+        """One line saying how the service ended, or None while it runs."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        note = f"{self.name} {describe_exit(code)}"
+        args = list(self.process.args)
+        engine = args[args.index("--backend") + 1] if "--backend" in args[:-1] else "torch"
+        crashed = code < 0 and -code in CRASH_SIGNALS
+        if crashed and engine == "llamacpp":
+            build = installed_build() or {}
+            note += (f" in llama.cpp (build {build.get('variant', 'unknown')}): that build may not run on this CPU; "
+                     f"`bash scripts/install.sh` self-tests it and falls back to a portable one, or set "
+                     f"EDGESPEC_LLAMA_BUILD=portable and run it again")
+        elif crashed:
+            note += f" in its engine ({engine}; the log has the Python stack it died in)"
+        return note + f" (log: {self.log_path})"
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -72,6 +92,8 @@ def start_service(module: str, args: list[str], log_dir: Path, name: str, timeou
             service.address = f"{match.group(1)}:{match.group(2)}"
             return service
         if process.poll() is not None:
+            if process.returncode < 0:   # died by a signal: one line, the stack is in the log
+                raise ServiceFailed(service.exit_note())
             raise ServiceFailed(f"{name} exited with {process.returncode}:\n{service.log_tail()}")
         time.sleep(0.1)
     stop_service(service)
@@ -172,6 +194,10 @@ class LocalCluster:
         for service in reversed(self.services):
             stop_service(service)
         self.services.clear()
+
+    def exit_notes(self) -> list[str]:
+        """One line for each service that has ended (none while all run)."""
+        return [note for service in self.services if (note := service.exit_note())]
 
     def __exit__(self, *exc) -> None:
         self.stop()

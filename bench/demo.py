@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import REPO_ROOT, LocalCluster
+from bench.cluster import REPO_ROOT, LocalCluster, ServiceFailed
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."
 
@@ -86,26 +86,38 @@ def main() -> None:
                    check=True)
     logs = Path(tempfile.mkdtemp(prefix="edgespec-demo-"))
     print(f"== starting verifier, drafter and coordinator on loopback (logs in {logs})", flush=True)
-    with LocalCluster(logs, **cluster_layout(args.backend, args.quantize)) as cluster:
-        print(f"   verifier {cluster.verifier.address}  drafter {cluster.drafter.address}  "
-              f"coordinator {cluster.coordinator.address}", flush=True)
-        if cluster.verifier_cpus:
-            print(f"   {args.backend}: verifier on CPU {cluster.verifier_cpus}, drafter and coordinator on CPU "
-                  f"{cluster.edge_cpus} (edge and cloud)", flush=True)
-        asyncio.run(stream(cluster.coordinator.address, "warm up", 4, args.window, echo=False))
-        print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {args.prompt}\n", flush=True)
-        tokens, s = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, args.window, True))
-        print("\n")
-        print(f"edgespec:     {s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
-              f"acceptance rate {s.acceptance_rate:.1%} | mean accepted length {s.mean_accepted_length:.2f} "
-              f"tokens/round | {s.rounds} rounds | finish {s.finish_reason}")
-        if args.no_compare:
-            return
-        print("== the same prompt, target-only (window 0: one target step per token on the same verifier)", flush=True)
-        base_tokens, b = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, 0, False))
-        print(f"target-only:  {b.new_tokens} tokens in {b.seconds:.2f}s = {b.tokens_per_second:.2f} tok/s")
-        print(f"speedup {s.tokens_per_second / b.tokens_per_second:.2f}x, output identical to target-only: "
-              f"{'yes' if tokens == base_tokens else 'NO'}")
+    try:
+        with LocalCluster(logs, **cluster_layout(args.backend, args.quantize)) as cluster:
+            try:
+                run(cluster, args)
+            except Exception:
+                if notes := cluster.exit_notes():   # a service died under us: say which and how, in one line each
+                    raise ServiceFailed("; ".join(notes)) from None
+                raise
+    except ServiceFailed as error:
+        sys.exit(f"error: {error}")
+
+
+def run(cluster: LocalCluster, args: argparse.Namespace) -> None:
+    print(f"   verifier {cluster.verifier.address}  drafter {cluster.drafter.address}  "
+          f"coordinator {cluster.coordinator.address}", flush=True)
+    if cluster.verifier_cpus:
+        print(f"   {args.backend}: verifier on CPU {cluster.verifier_cpus}, drafter and coordinator on CPU "
+              f"{cluster.edge_cpus} (edge and cloud)", flush=True)
+    asyncio.run(stream(cluster.coordinator.address, "warm up", 4, args.window, echo=False))
+    print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {args.prompt}\n", flush=True)
+    tokens, s = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, args.window, True))
+    print("\n")
+    print(f"edgespec:     {s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
+          f"acceptance rate {s.acceptance_rate:.1%} | mean accepted length {s.mean_accepted_length:.2f} "
+          f"tokens/round | {s.rounds} rounds | finish {s.finish_reason}")
+    if args.no_compare:
+        return
+    print("== the same prompt, target-only (window 0: one target step per token on the same verifier)", flush=True)
+    base_tokens, b = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, 0, False))
+    print(f"target-only:  {b.new_tokens} tokens in {b.seconds:.2f}s = {b.tokens_per_second:.2f} tok/s")
+    print(f"speedup {s.tokens_per_second / b.tokens_per_second:.2f}x, output identical to target-only: "
+          f"{'yes' if tokens == base_tokens else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ them, and the current span's trace and span ids, onto each record.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import time
@@ -108,3 +109,7 @@ def configure(log_format: str, level: int | str = logging.INFO) -> None:
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # An engine that dies by a signal in native code (a llama.cpp kernel) leaves the Python stack it died in on
+    # stderr, so the log says whether it was loading or in a forward; whoever started the service reports the
+    # death in one line (bench.cluster.exit_note).
+    faulthandler.enable()
