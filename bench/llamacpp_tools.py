@@ -4,8 +4,10 @@
 
 `llama-bench` (target-only speed) and `llama-speculative-simple` (llama.cpp's own speculative decoding
 with a draft model) are built from the llama.cpp sources that the pinned llama-cpp-python sdist vendors,
-so they are the same llama.cpp that edgespec's llama.cpp backend runs. The build (cmake + ninja, a few
-minutes on 2 cores) lands in $EDGESPEC_CACHE/llama.cpp-tools/<version>/ and is reused.
+so they are the same llama.cpp that edgespec's llama.cpp backend runs, built with the same CMake flags as the
+wheel installed here (edgespec.ops.llama_build: the variant that passed its self-test on this CPU). The build
+(cmake + ninja, a few minutes on 2 cores) lands in $EDGESPEC_CACHE/llama.cpp-tools/<version>-<variant>-<key>/ and
+is reused.
 """
 from __future__ import annotations
 
@@ -18,15 +20,16 @@ import tempfile
 from pathlib import Path
 
 from edgespec.backends.assets import cache_root
+from edgespec.ops.llama_build import VERSION, chosen
 
 log = logging.getLogger("edgespec.llamacpp_tools")
 
-VERSION = "0.3.36"   # llama-cpp-python, as pinned in pyproject.toml
-TOOLS = ("llama-bench", "llama-speculative-simple")
+TOOLS = ("llama-bench", "llama-speculative-simple", "llama-completion")
 
 
 def tools_dir() -> Path:
-    return cache_root() / "llama.cpp-tools" / VERSION
+    build = chosen()
+    return cache_root() / "llama.cpp-tools" / f"{VERSION}-{build.variant}-{build.key}"
 
 
 def ensure_tools() -> dict[str, Path]:
@@ -47,8 +50,7 @@ def ensure_tools() -> dict[str, Path]:
         build = work / "build"
         log.info("building %s from %s (cmake + ninja; minutes)", ", ".join(TOOLS), source)
         subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
-                        "-DGGML_NATIVE=ON"], check=True)
+                        "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *chosen().args], check=True)
         subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", "2"], check=True)
         out.mkdir(parents=True, exist_ok=True)
         for name in TOOLS:

@@ -57,6 +57,20 @@ def _llama():
     return llama_cpp
 
 
+_tiled_in_process: list[bool] = []   # the GGML_CPU_TILED_MM this process's ggml runs with, once a model loaded
+
+
+def _set_tiled(tiled: bool) -> None:
+    """ggml reads GGML_CPU_TILED_MM once, at the first matmul of the process: every model of a process shares it."""
+    if not _tiled_in_process:
+        if not tiled:
+            os.environ["GGML_CPU_TILED_MM"] = "0"
+        _tiled_in_process.append(os.environ.get("GGML_CPU_TILED_MM", "1") not in ("0", ""))
+    if _tiled_in_process[0] != tiled:
+        raise ValueError(f"this process's llama.cpp already runs with the tiled matmul {'on' if _tiled_in_process[0] else 'off'}"
+                         f"; a model with it {'on' if tiled else 'off'} needs a process of its own")
+
+
 class ContextFull(ResourceExhausted):
     """The context has no room: no free sequence id or no free KV cells for a batch (back off and retry:
     idle sessions' caches are evicted meanwhile)."""
@@ -65,18 +79,69 @@ class ContextFull(ResourceExhausted):
         super().__init__(message, retry_after_seconds=1.0)
 
 
+@dataclass(frozen=True, slots=True)
+class LlamaExact:
+    """The llama.cpp settings that decide whether a batch of n rows computes what n one-row decodes would
+    (docs/llamacpp-exactness.md has the measurements)."""
+    flash_attn: bool = True        # off, KQ goes through a matmul whose kernel changes at 2 rows
+    repack: bool = True            # weights repacked for the CPU's gemm (ne11 >= 4 rows) / gemv kernels
+    single_threads: int = 0        # threads of a one-token decode (0: as many as a batch's); 1 keeps its
+                                   # attention in one chunk, as every row of a batch is
+    unified: bool = True           # one KV cell pool for all sequences (False: a stream of cells each)
+    tiled: bool = True             # ggml's tiled K-quant matmul for batches of 8+ rows (GGML_CPU_TILED_MM)
+    ubatch_tokens: int = 512       # rows of one compute pass (llama.cpp's -ub); a prompt is fed in such passes
+    window_rows: int = 0           # rows of one llama_decode of windows (0: the batch size); flash attention
+                                   # computes 64+ query rows in tiles, otherwise one row at a time
+
+    def cli(self, threads: int) -> str:
+        """The same settings for llama.cpp's own tools (llama-completion, llama-cli, llama-server), to reproduce
+        a target-only run (a one-session run: a unified or per-sequence cache holds the same cells)."""
+        env = "" if self.tiled else "GGML_CPU_TILED_MM=0 "
+        return (f"{env}-t {self.single_threads or threads} -tb {threads} -fa {'on' if self.flash_attn else 'off'}"
+                f"{'' if self.repack else ' --no-repack'} -ub {self.ubatch_tokens}")
+
+    def describe(self) -> str:
+        return (f"flash attention {'on' if self.flash_attn else 'off'}, weight repacking "
+                f"{'on' if self.repack else 'off'}, tiled matmul {'on' if self.tiled else 'off'}, one-token decodes "
+                f"on {self.single_threads or 'all'} thread(s), ubatch {self.ubatch_tokens}, windows in decodes of "
+                f"{self.window_rows or 'any'} rows, KV {'unified' if self.unified else 'per sequence'}")
+
+
+# Measured batch-invariant (bench/llama_invariance.py): a window's matmuls by ggml's per-row dot products (no
+# repacked gemm from 4 rows, no tiled matmul from 8: windows go in decodes of 7 rows; a prompt still gets the
+# tiled matmul, as llama.cpp's own run of it does), attention by one flash-attention pass per query row in order
+# over the cells (tiles start at 64 rows), a one-token decode's attention in one chunk (one thread).
+EXACT = LlamaExact(repack=False, single_threads=1, window_rows=7)
+
+
+
+
+def exact_settings(mode: str, threads: int) -> LlamaExact | None:
+    """--exact: "on" EXACT, "off" llama.cpp's defaults (None), "auto" EXACT where the model runs on one thread
+    (free there; with more, one-token decodes on one thread cost about a quarter of the decode speed)."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"exact mode must be auto, on or off, got {mode!r}")
+    if mode == "auto":
+        mode = "on" if (threads or os.cpu_count() or 1) == 1 else "off"
+    return EXACT if mode == "on" else None
+
+
 @dataclass(eq=False, slots=True, weakref_slot=True)
 class SeqState:
     """A session's sequence in the shared context and the exact tokens its KV cells hold."""
     tokens: list[int] = field(default_factory=list)
     seq_id: int | None = None   # taken on the first feed
+    # The logits after tokens[-1], float32 [vocab], when the forward that fed it kept them: a prompt's last row from
+    # its prefill, so the first window does not feed that token again (in a window's batch its key and value
+    # would be computed by other kernels than the prefill's, and so differ from llama.cpp's own run).
+    last_row: np.ndarray | None = None
 
 
 class LlamaCppLM(IncrementalLM):
     """A GGUF model in one llama.cpp context; every call on one thread (the model worker)."""
 
     def __init__(self, path: str | Path, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
-                 batch_tokens: int = 2048, share_prefixes: bool = False):
+                 batch_tokens: int = 2048, share_prefixes: bool = False, exact: LlamaExact | None = None):
         llama = self._lib = _llama()
         path = Path(path)
         if not path.is_file():
@@ -91,6 +156,9 @@ class LlamaCppLM(IncrementalLM):
         # for the CPU kernels into buffers of its own, so a mapping would keep a second, unused copy of them
         # resident (measured with the default target: 2.28 GB resident mapped, 1.68 GB read; same decode speed).
         model_params.load_mode = llama.LLAMA_LOAD_MODE_NONE
+        self.exact = exact or LlamaExact()
+        model_params.use_extra_bufts = self.exact.repack
+        _set_tiled(self.exact.tiled)
         self._model = llama.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path} (not a GGUF model?)")
@@ -98,10 +166,14 @@ class LlamaCppLM(IncrementalLM):
         params = llama.llama_context_default_params()
         params.n_ctx = ctx_tokens
         params.n_batch = batch_tokens
-        params.n_ubatch = min(512, batch_tokens)
+        params.n_ubatch = min(self.exact.ubatch_tokens, batch_tokens)
         params.n_seq_max = max_sequences
-        params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = True      # one cell pool shared by all sessions, as llama.cpp's server does
+        params.n_threads_batch = threads
+        params.n_threads = self.exact.single_threads or threads   # llama.cpp's threads for a one-token decode
+        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.exact.flash_attn else \
+            llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # unified: one cell pool shared by all sessions, as llama.cpp's server does; else a stream per sequence
+        params.kv_unified = self.exact.unified
         params.no_perf = True
         self._ctx = llama.llama_init_from_model(self._model, params)
         if not self._ctx:
@@ -126,8 +198,9 @@ class LlamaCppLM(IncrementalLM):
         self._released: list[tuple[int, list[int]]] = []   # (id, tokens) of dropped states, for the worker thread
         self._released_lock = threading.Lock()   # finalizers may run on any thread
         self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
-        log.info("loaded %s with llama.cpp in %.1fs: %d threads, %d KV cells, %d sequences", path,
-                 time.perf_counter() - started, threads, self.ctx_tokens, max_sequences)
+        log.info("loaded %s with llama.cpp in %.1fs: %d threads, %d KV cells, %d sequences; %s (llama.cpp's own "
+                 "tools: %s)", path, time.perf_counter() - started, threads, self.ctx_tokens, max_sequences,
+                 self.exact.describe(), self.exact.cli(threads))
 
     @property
     def placement(self) -> str:
@@ -156,6 +229,7 @@ class LlamaCppLM(IncrementalLM):
         if len(state.tokens) > length:
             self._lib.llama_memory_seq_rm(self._memory, state.seq_id, length, -1)
             del state.tokens[length:]
+            state.last_row = None
 
     def _attach(self, state: SeqState) -> None:
         """Give a state a sequence id of its own (the first time it is fed)."""
@@ -236,15 +310,17 @@ class LlamaCppLM(IncrementalLM):
         return self._forward(states, seqs, lasts)
 
     def prefill(self, state: SeqState, tokens: Sequence[int]) -> None:
-        """Cache all but the last token of ``tokens`` (the next call feeds that one); no logits."""
-        if len(tokens) > 1:
-            self._forward([state], [tokens[:-1]], [0])
+        """Cache ``tokens`` in one batch, as llama.cpp feeds a prompt, keeping the logits after the last one for
+        the next call (which then feeds only what follows)."""
+        if tokens:
+            self._forward([state], [tokens], [1])
 
     def _forward(self, states: Sequence[SeqState], seqs: Sequence[Sequence[int]],
                  lasts: Sequence[int] | None) -> list[np.ndarray]:
         """Sync each state to its sequence (longest common prefix, at least one token fed), feed the rest
         of all of them, and return for each the logits of its last ``lasts[i]`` fed tokens (None: all)."""
         feeds: list[tuple[SeqState, int, list[int], int]] = []   # (state, start position, tokens, outputs)
+        reused: list[np.ndarray | None] = []   # the cached row after the last cached token, when it is asked for
         for i, (state, seq) in enumerate(zip(states, seqs)):
             seq = list(seq)
             if not seq:
@@ -252,22 +328,36 @@ class LlamaCppLM(IncrementalLM):
             self._attach(state)
             if self.share_prefixes and lasts is not None and not state.tokens:
                 self._share_prefix(state, seq, len(seq) - max(1, lasts[i]))   # the rows asked for are computed
-            keep = min(common_prefix_length(state.tokens, seq), len(seq) - 1)
+            common = common_prefix_length(state.tokens, seq)
+            reuse = (lasts is not None and state.last_row is not None and common == len(state.tokens)
+                     and lasts[i] == len(seq) - common + 1)
+            keep = common if reuse else min(common, len(seq) - 1)
             self.crop(state, keep)
             new = seq[keep:]
-            outputs = len(new) if lasts is None else lasts[i]
+            outputs = (len(new) if lasts is None else lasts[i]) - reuse
             if outputs > len(new):
                 raise ValueError(f"asked for {outputs} positions but only {len(new)} were fed")
             feeds.append((state, keep, new, outputs))
-        rows = [np.empty((outputs, self.vocab_size), np.float32) for _, _, _, outputs in feeds]
+            reused.append(state.last_row if reuse else None)
+        rows = [np.empty((outputs + (row is not None), self.vocab_size), np.float32)
+                for (_, _, _, outputs), row in zip(feeds, reused)]
         filled = [0] * len(feeds)
-        # Tokens in order, session after session; a batch holds at most batch_tokens of them.
+        for f, row in enumerate(reused):
+            if row is not None:
+                rows[f][0] = row
+                filled[f] = 1
+        # Tokens in order, session after session; a batch holds at most batch_tokens of them. A prompt (one state
+        # fed from empty) goes in such batches, as llama.cpp feeds one; windows in batches of window_rows.
         plan = [(f, j) for f, (_, _, new, _) in enumerate(feeds) for j in range(len(new))]
-        for chunk_start in range(0, len(plan), self.batch_tokens):
-            chunk = plan[chunk_start:chunk_start + self.batch_tokens]
+        prompt = len(feeds) == 1 and feeds[0][1] == 0
+        size = self.batch_tokens if prompt else (self.exact.window_rows or self.batch_tokens)
+        for chunk_start in range(0, len(plan), size):
+            chunk = plan[chunk_start:chunk_start + size]
             self._decode(feeds, chunk, rows, filled)
-        for state, keep, new, _ in feeds:
-            state.tokens[keep:] = new
+        for (state, keep, new, outputs), out in zip(feeds, rows):
+            if new:
+                state.tokens[keep:] = new
+                state.last_row = out[-1].copy() if outputs else None
         return rows
 
     def _decode(self, feeds, chunk, rows, filled) -> None:
@@ -321,7 +411,7 @@ def gguf_path(spec: str) -> Path:
 
 
 def load(spec: str, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
-         share_prefixes: bool = False) -> LlamaCppLM:
+         share_prefixes: bool = False, exact: LlamaExact | None = None) -> LlamaCppLM:
     """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own."""
     return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences,
-                      share_prefixes=share_prefixes)
+                      share_prefixes=share_prefixes, exact=exact)

@@ -103,7 +103,8 @@ def load_model(config: DrafterConfig):
         from edgespec.backends.assets import gguf_spec
         service = config.service
         return llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
-                             service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes)
+                             service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes,
+                             exact=llamacpp.exact_settings(service.llamacpp.exact, service.threads))
     import torch
 
     from edgespec.backends.assets import resolve_spec

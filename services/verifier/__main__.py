@@ -182,7 +182,8 @@ def load_target(config: VerifierConfig):
         from edgespec.backends.assets import gguf_spec
 
         lm = llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
-                           service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes)
+                           service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes,
+                           exact=llamacpp.exact_settings(service.llamacpp.exact, service.threads))
         return lm, lm.eos_ids()
     import torch
 

@@ -74,6 +74,19 @@ def test_help_explains_every_service(module):
     assert out.returncode == 0 and "edgespec" in out.stdout and "--port" in out.stdout
 
 
+def test_llamacpp_exact_mode_flag():
+    from edgespec.backends import llamacpp
+    assert verifier_args([]).service.llamacpp.exact == "auto"
+    assert verifier_args(["--exact", "on"]).service.llamacpp.exact == "on"
+    assert drafter_args(["--exact", "off"]).service.llamacpp.exact == "off"
+    with pytest.raises(SystemExit):
+        verifier_args(["--exact", "yes"])
+    assert llamacpp.exact_settings("auto", 1) is llamacpp.EXACT and llamacpp.exact_settings("auto", 2) is None
+    assert llamacpp.exact_settings("on", 4) is llamacpp.EXACT and llamacpp.exact_settings("off", 1) is None
+    with pytest.raises(ValueError, match="exact mode must be"):
+        llamacpp.exact_settings("always", 1)
+
+
 def test_several_named_drafters_and_bad_lists():
     assert coordinator_args(["--drafter", "draft=h:1,ngram=h:2"]).drafters == {"draft": "h:1", "ngram": "h:2"}
     for bad in ["a=h:1,a=h:2", "=h:1", "a=", "h:1,h:2"]:
@@ -87,6 +100,7 @@ BAD_ENVIRONMENT = [
     ("services.verifier", "EDGESPEC_VERIFIER_DTYPE", "fp16"),             # choice
     ("services.verifier", "EDGESPEC_VERIFIER_KV_BUDGET_MB", "lots"),      # float
     ("services.verifier", "EDGESPEC_VERIFIER_LOG_LEVEL", "verbose"),      # choice
+    ("services.verifier", "EDGESPEC_VERIFIER_EXACT", "maybe"),            # choice
     ("services.drafter", "EDGESPEC_DRAFTER_MAX_WINDOW", "8.5"),           # int
     ("services.drafter", "EDGESPEC_DRAFTER_BACKEND", "tensorflow"),       # choice
     ("services.drafter", "EDGESPEC_DRAFTER_RATE_LIMIT", "fast"),          # float

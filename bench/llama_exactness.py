@@ -1,0 +1,138 @@
+"""Is edgespec on llama.cpp llama.cpp's own greedy output? Every prompt, every window, many sessions at once.
+
+    python -m bench.llama_exactness [--exact on|off] [--prompts 12] [--tokens 64] [--sessions 16] [--json PATH]
+
+The reference is llama.cpp target-only greedy decoding, one session alone in its own context: the prompt in
+one batch, then one token per llama_decode, with the verifier's llama.cpp settings (printed as llama.cpp
+flags, so llama-completion or llama-cli reproduces it). Then the real services on loopback (verifier and
+drafter --backend llamacpp, the default pair as shipped) generate the same prompts at window 0, the
+adaptive window and fixed windows with the model drafter, with the n-gram drafter, and with --sessions
+generations at once (each prompt several times, so batches mix sessions at different positions). Each output
+is compared with its reference token for token; a divergence is reported with its first position and the
+reference's top-2 logit margin there.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.cluster import LocalCluster
+from bench.prompts import PROMPTS
+from edge_client.client import generate
+
+CTX_TOKENS, MAX_SEQUENCES = 16384, 64
+
+
+def references(prompt_ids: list[list[int]], tokens: int, threads: int, exact: bool) -> list[dict]:
+    from edgespec.backends import llamacpp
+
+    lm = llamacpp.load("target", threads=threads, ctx_tokens=CTX_TOKENS, max_sequences=2,
+                       exact=llamacpp.EXACT if exact else None)
+    eos, out = set(lm.eos_ids()), []
+    for prompt in prompt_ids:
+        state, seq, generated, margins = lm.new_state(), list(prompt), [], []
+        for _ in range(tokens):
+            row = lm.logits_rows(state, seq, 1)[0]
+            top2 = np.partition(row, -2)[-2:]
+            token = int(np.argmax(row))
+            generated.append(token)
+            margins.append(float(top2[1] - top2[0]))
+            if token in eos:
+                break
+            seq.append(token)
+        out.append({"tokens": generated, "margins": margins})
+        del state
+    settings = {"describe": lm.exact.describe(), "llama_cpp_flags": lm.exact.cli(threads)}
+    lm.close()
+    return out, settings
+
+
+def compare(tokens: list[int], reference: dict) -> dict:
+    expected = reference["tokens"]
+    if tokens == expected:
+        return {"identical": True}
+    first = next(i for i, (a, b) in enumerate(zip(tokens + [-1], expected + [-2])) if a != b)
+    margin = reference["margins"][first] if first < len(reference["margins"]) else None
+    return {"identical": False, "first_divergence": first, "reference_top2_margin": margin}
+
+
+async def one(address: str, text: str, tokens: int, window: int) -> tuple[list[int], object]:
+    out, stats = [], None
+    async for event in generate(address, text, tokens, window, chat=True, timeout_seconds=3600):
+        if event.HasField("chunk"):
+            out.extend(event.chunk.token_ids)
+        else:
+            stats = event.stats
+    return out, stats
+
+
+async def many(address: str, texts: list[str], tokens: int, window: int) -> list[tuple[list[int], object]]:
+    return await asyncio.gather(*(one(address, text, tokens, window) for text in texts))
+
+
+def run(cluster: LocalCluster, label: str, texts: list[str], refs: list[dict], tokens: int, window: int,
+        sessions: int = 1) -> dict:
+    started = time.perf_counter()
+    if sessions == 1:
+        results = [asyncio.run(one(cluster.coordinator.address, text, tokens, window)) for text in texts]
+        indexes = list(range(len(texts)))
+    else:
+        indexes = [i % len(texts) for i in range(sessions)]
+        results = asyncio.run(many(cluster.coordinator.address, [texts[i] for i in indexes], tokens, window))
+    rows = [compare(got, refs[i]) | {"prompt": i, "accepted": stats.accepted_tokens, "drafted": stats.drafted_tokens}
+            for i, (got, stats) in zip(indexes, results)]
+    summary = {"mode": label, "window": window, "sessions": sessions, "identical": sum(r["identical"] for r in rows),
+               "outputs": len(rows), "seconds": time.perf_counter() - started,
+               "divergences": [r for r in rows if not r["identical"]]}
+    print(f"{label}: {summary['identical']}/{summary['outputs']} identical", file=sys.stderr, flush=True)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.llama_exactness", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--exact", choices=["on", "off"], default="on", help="the verifier's --exact (default %(default)s)")
+    parser.add_argument("--prompts", type=int, default=12, help="bench prompts (default %(default)s, all)")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens each (default %(default)s)")
+    parser.add_argument("--sessions", type=int, default=16, help="concurrent generations (default %(default)s)")
+    parser.add_argument("--windows", default="0,-1,3,6", help="windows with the model drafter (-1: auto)")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="verifier threads")
+    parser.add_argument("--json", type=Path, default=Path("bench-results/llama-exactness.json"))
+    args = parser.parse_args()
+
+    from edgespec.backends.tokenizer import load_tokenizer
+
+    texts = [text for _, text in PROMPTS[:args.prompts]]
+    tokenizer = load_tokenizer("draft")
+    prompt_ids = [tokenizer.encode(text, True) for text in texts]
+    refs, settings = references(prompt_ids, args.tokens, args.threads, args.exact == "on")
+    llama = ["--backend", "llamacpp", "--ctx-tokens", str(CTX_TOKENS), "--max-sequences", str(MAX_SEQUENCES)]
+    verifier = [*llama, "--threads", str(args.threads), "--exact", args.exact]
+    modes = []
+    drafters = {"draft model": [*llama, "--threads", "1"], "n-gram": ["--backend", "ngram", "--vocab-size", "151936"]}
+    with tempfile.TemporaryDirectory(prefix="edgespec-exactness-") as logs:
+        for name, drafter in drafters.items():
+            windows = [int(w) for w in args.windows.split(",")] if name == "draft model" else [-1, 6]
+            with LocalCluster(Path(logs) / name.replace(" ", "-"), verifier_args=verifier,
+                              drafter_args=drafter) as cluster:
+                for window in windows:
+                    modes.append(run(cluster, f"{name}, window {'auto' if window < 0 else window}", texts, refs,
+                                     args.tokens, window))
+                modes.append(run(cluster, f"{name}, {args.sessions} sessions, auto", texts, refs, args.tokens, -1,
+                                 args.sessions))
+    result = {"exact": args.exact, "settings": settings, "tokens": args.tokens, "modes": modes}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps({m["mode"]: f"{m['identical']}/{m['outputs']}" for m in modes}))
+
+
+if __name__ == "__main__":
+    main()
