@@ -7,11 +7,11 @@ the same verifier, so the target is loaded once) and prints both speeds.
 
 Backends: `llamacpp` (default) runs the GGUF files as shipped in llama.cpp, the engine
 people run these models with on a CPU: ~4x faster than float32 PyTorch here and 1.7 GB
-for the target instead of 7 GB; its greedy output equals llama.cpp's own target-only
-greedy except at logit near-ties where a batch of several tokens rounds differently
-from one (docs/benchmarks.md, "llama.cpp"). `torch` runs the pair dequantised to
-float32 in PyTorch, the bit-exact reference (a few minutes of conversion on the first
-run). With llama.cpp on a machine of two or more CPUs the cluster is split as edge and
+for the target instead of 7 GB. On two CPUs its verifier runs one thread, so `--exact auto`
+makes every window's rows what llama.cpp's one-token decodes compute: the output is
+llama.cpp's own target-only greedy output with the settings the verifier logs
+(docs/llamacpp-exactness.md). `torch` runs the pair dequantised to float32 in PyTorch,
+the bit-exact reference (a few minutes of conversion on the first run). With llama.cpp on a machine of two or more CPUs the cluster is split as edge and
 cloud would be: the verifier on the last CPUs, the drafter and coordinator on the
 others, and target-only is that same verifier on its CPUs. Where drafting cannot pay
 on this hardware (measured: with this pair on one core each it does not), the

@@ -153,7 +153,7 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
                             "each row as a one-token decode would (flash attention, no weight repacking, windows in "
                             "decodes of at most 7 rows, one-token decodes on one thread), so greedy output is "
                             "llama.cpp's own one-session target-only output with those settings at every window "
-                            "and batch (the log prints them as llama.cpp flags). auto: on where the model runs on one "
+                            "(the log prints them as llama.cpp flags). auto: on where the model runs on one "
                             "thread, where it costs nothing (measured: decode 0.97x, prefill 1.8x faster); with more "
                             "threads it costs a quarter of the decode speed, so auto leaves it off there "
                             "(docs/llamacpp-exactness.md) (default %(default)s)")
