@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.bench_llamacpp import compare
 from bench.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from edge_client.client import generate
@@ -79,15 +80,6 @@ def cli_check(texts: list[str], refs: list[dict], tokens: int, flags: str, token
         expected = tokenizer.hf.decode([t for t in ref["tokens"]], skip_special_tokens=True)
         out.append({"identical": got == expected, "llama_completion": got, "reference": expected})
     return out
-
-
-def compare(tokens: list[int], reference: dict) -> dict:
-    expected = reference["tokens"]
-    if tokens == expected:
-        return {"identical": True}
-    first = next(i for i, (a, b) in enumerate(zip(tokens + [-1], expected + [-2])) if a != b)
-    margin = reference["margins"][first] if first < len(reference["margins"]) else None
-    return {"identical": False, "first_divergence": first, "reference_top2_margin": margin}
 
 
 async def one(address: str, text: str, tokens: int, window: int) -> tuple[list[int], object]:
