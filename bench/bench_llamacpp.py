@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as logs, \
             progress(generations, "bench-llamacpp (edgespec rows)") as bar:
         logs = Path(logs)
-        llama = ["--backend", "llamacpp", "--ctx-tokens", str(CTX_TOKENS), "--max-sequences", str(MAX_SEQUENCES)]
+        llama = ["--backend", "llamacpp"]   # the services' default context for their --exact mode
         with LocalCluster(logs / "shared", verifier_args=[*llama, "--model", "target", "--threads", "2"],
                           drafter_args=[*llama, "--model", "draft", "--threads", "2"],
                           coordinator_args=["--tokenizer", "draft"]) as cluster:

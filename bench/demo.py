@@ -53,7 +53,7 @@ def cluster_layout(backend: str, quantize: str) -> dict:
     if backend == "torch":
         return {"drafter_args": ["--quantize", quantize]}
     cpus = sorted(os.sched_getaffinity(0))
-    llama = ["--backend", "llamacpp", "--ctx-tokens", "8192", "--max-sequences", "8"]
+    llama = ["--backend", "llamacpp", "--max-sequences", "8"]   # the cells by --exact: 2048 a session, or shared
     if len(cpus) < 2:
         return {"verifier_args": llama, "drafter_args": llama}
     edge, cloud = cpus[:len(cpus) // 2], cpus[len(cpus) // 2:]

@@ -29,13 +29,11 @@ from bench.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from edge_client.client import generate
 
-CTX_TOKENS, MAX_SEQUENCES = 16384, 64
-
 
 def references(prompt_ids: list[list[int]], tokens: int, threads: int, exact: bool) -> list[dict]:
     from edgespec.backends import llamacpp
 
-    lm = llamacpp.load("target", threads=threads, ctx_tokens=CTX_TOKENS, max_sequences=2,
+    lm = llamacpp.load("target", threads=threads, ctx_tokens=8192, max_sequences=1,
                        exact=llamacpp.EXACT if exact else None)
     eos, out = set(lm.eos_ids()), []
     for prompt in prompt_ids:
@@ -129,7 +127,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens each (default %(default)s)")
     parser.add_argument("--sessions", type=int, default=16, help="concurrent generations (default %(default)s)")
     parser.add_argument("--session-rounds", type=int, default=6,
-                        help="times --sessions generations run at once with the model drafter (default %(default)s)")
+                        help="times --sessions generations run at once, with each drafter (default %(default)s)")
     parser.add_argument("--windows", default="0,-1,3,6", help="windows with the model drafter (-1: auto)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="verifier threads")
     parser.add_argument("--cli", type=int, default=4, help="prompts also run with llama-completion (default %(default)s)")
@@ -152,7 +150,7 @@ def main() -> None:
     cli = cli_check(texts[:args.cli], refs, args.tokens, settings["llama_cpp_flags"], tokenizer) if args.cli else []
     print(f"llama-completion {settings['llama_cpp_flags']}: {sum(c['identical'] for c in cli)}/{len(cli)} identical "
           f"texts", file=sys.stderr, flush=True)
-    llama = ["--backend", "llamacpp", "--ctx-tokens", str(CTX_TOKENS), "--max-sequences", str(MAX_SEQUENCES)]
+    llama = ["--backend", "llamacpp"]   # the services' default context (16 sessions fit either way)
     verifier = [*llama, "--threads", str(args.threads), "--exact", args.exact]
     modes = []
     drafters = {"draft model": [*llama, "--threads", "1"], "n-gram": ["--backend", "ngram", "--vocab-size", "151936"]}
@@ -164,9 +162,8 @@ def main() -> None:
                 for window in windows:
                     modes.append(run(cluster, f"{name}, window {'auto' if window < 0 else window}", texts, refs,
                                      args.tokens, window))
-                rounds = args.session_rounds if name == "draft model" else 1
-                modes.append(run(cluster, f"{name}, {args.sessions} sessions x {rounds}, auto", texts, refs,
-                                 args.tokens, -1, args.sessions, rounds))
+                modes.append(run(cluster, f"{name}, {args.sessions} sessions x {args.session_rounds}, auto", texts,
+                                 refs, args.tokens, -1, args.sessions, args.session_rounds))
     result = {"exact": args.exact, "settings": settings, "tokens": args.tokens, "llama_completion": cli, "modes": modes}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))

@@ -1,9 +1,11 @@
 """llama.cpp as an incremental model: GGUF files as people run them on CPUs and edge devices.
 
 One llama.cpp context serves every session of a process, the way llama.cpp's own server does it: each
-session's cache is one *sequence* of a unified KV cache, and the windows of several sessions go into one
-``llama_decode`` batch (each token tagged with its session's sequence id and position), so cross-session
-batching needs no padding. Rollback is ``llama_memory_seq_rm`` past a position.
+session's cache is one *sequence*, and the windows of several sessions go into one ``llama_decode`` batch (each
+token tagged with its session's sequence id and position), so cross-session batching needs no padding. The
+sequences share the cells of one unified KV cache, or in exact mode each has a stream of cells of its own (so
+its cells stay in the order a one-session run has them; llama.cpp then computes consecutive sequence ids with
+as many tokens each in one pass). Rollback is ``llama_memory_seq_rm`` past a position.
 
 The state of a session (``SeqState``) remembers exactly which tokens its sequence holds, like the torch
 backend's ``KVState``; ``logits`` keeps the longest common prefix with the requested sequence and feeds
@@ -25,6 +27,7 @@ another session were computed in that session's batch, so sharing is one more su
 from __future__ import annotations
 
 import ctypes
+import heapq
 import logging
 import os
 import threading
@@ -110,8 +113,29 @@ class LlamaExact:
 # Measured batch-invariant (bench/llama_invariance.py): a window's matmuls by ggml's per-row dot products (no
 # repacked gemm from 4 rows, no tiled matmul from 8: windows go in decodes of 7 rows; a prompt still gets the
 # tiled matmul, as llama.cpp's own run of it does), attention by one flash-attention pass per query row in order
-# over the cells (tiles start at 64 rows), a one-token decode's attention in one chunk (one thread).
-EXACT = LlamaExact(repack=False, single_threads=1, window_rows=7)
+# over the cells (tiles start at 64 rows), a one-token decode's attention in one chunk (one thread). Each session
+# has a stream of cells of its own: in a unified cache a token can land in a cell another session's rollback
+# freed, before the session's earlier cells, and attention then sums its cells in another order than a one-session
+# run does (measured: 10 of 16 concurrent n-gram sessions diverged).
+EXACT = LlamaExact(repack=False, single_threads=1, window_rows=7, unified=False)
+
+# The context when neither size is given: a unified cache pools its cells, so 64 sessions share 16384; with a
+# stream per session each has ctx_tokens / max_sequences of its own, so 16 sessions of 2048 tokens (as llama.cpp's
+# server splits -c over -np slots).
+DEFAULT_CONTEXT = {True: (16384, 64), False: (32768, 16)}
+
+
+def context_size(exact: LlamaExact, ctx_tokens: int | None, max_sequences: int | None) -> tuple[int, int]:
+    """(KV cells in all, sequences): what is given, the rest from DEFAULT_CONTEXT; with a stream per session, one
+    size given keeps the default cells per session (2048), up to the default number of sessions."""
+    cells, sequences = DEFAULT_CONTEXT[exact.unified]
+    per_session = cells // sequences
+    if max_sequences is None:
+        max_sequences = sequences if exact.unified or ctx_tokens is None else \
+            max(1, min(sequences, ctx_tokens // per_session))
+    if ctx_tokens is None:
+        ctx_tokens = cells if exact.unified else max_sequences * per_session
+    return ctx_tokens, max_sequences
 
 
 
@@ -140,12 +164,15 @@ class SeqState:
 class LlamaCppLM(IncrementalLM):
     """A GGUF model in one llama.cpp context; every call on one thread (the model worker)."""
 
-    def __init__(self, path: str | Path, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
-                 batch_tokens: int = 2048, share_prefixes: bool = False, exact: LlamaExact | None = None):
+    def __init__(self, path: str | Path, threads: int = 0, ctx_tokens: int | None = None,
+                 max_sequences: int | None = None, batch_tokens: int = 2048, share_prefixes: bool = False,
+                 exact: LlamaExact | None = None):
         llama = self._lib = _llama()
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model {path} does not exist")
+        self.exact = exact or LlamaExact()
+        ctx_tokens, max_sequences = context_size(self.exact, ctx_tokens, max_sequences)
         if not 1 <= max_sequences <= MAX_SEQUENCES:
             raise ValueError(f"max_sequences must be in 1..{MAX_SEQUENCES}, got {max_sequences}")
         started = time.perf_counter()
@@ -156,7 +183,6 @@ class LlamaCppLM(IncrementalLM):
         # for the CPU kernels into buffers of its own, so a mapping would keep a second, unused copy of them
         # resident (measured with the default target: 2.28 GB resident mapped, 1.68 GB read; same decode speed).
         model_params.load_mode = llama.LLAMA_LOAD_MODE_NONE
-        self.exact = exact or LlamaExact()
         model_params.use_extra_bufts = self.exact.repack
         _set_tiled(self.exact.tiled)
         self._model = llama.llama_model_load_from_file(str(path).encode(), model_params)
@@ -183,12 +209,16 @@ class LlamaCppLM(IncrementalLM):
         self.name = str(path)
         self.vocab_size = int(llama.llama_vocab_n_tokens(self._vocab))
         self.ctx_tokens = int(llama.llama_n_ctx(self._ctx))
+        # the cells one session can hold: all of them, or its own stream's (llama.cpp pads a stream to 256 cells)
+        self.session_tokens = self.ctx_tokens if self.exact.unified else self.ctx_tokens // max_sequences
         self.batch_tokens = batch_tokens
         self.threads = threads
         self.max_sequences = max_sequences
         self.device = "cpu"
         self.kv_bytes_per_token = self._kv_bytes_per_token()
-        self._free_ids = list(range(max_sequences - 1, -1, -1))
+        # the lowest free id first: with a stream per sequence llama.cpp computes consecutive ids with as many
+        # tokens each in one pass, and one pass per run otherwise
+        self._free_ids = list(range(max_sequences))
         self._live: weakref.WeakSet[SeqState] = weakref.WeakSet()   # states holding a sequence id
         self.share_prefixes = share_prefixes
         self.shared_tokens = 0                   # prompt tokens taken from another sequence's cells, not computed
@@ -198,9 +228,9 @@ class LlamaCppLM(IncrementalLM):
         self._released: list[tuple[int, list[int]]] = []   # (id, tokens) of dropped states, for the worker thread
         self._released_lock = threading.Lock()   # finalizers may run on any thread
         self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
-        log.info("loaded %s with llama.cpp in %.1fs: %d threads, %d KV cells, %d sequences; %s (llama.cpp's own "
-                 "tools: %s)", path, time.perf_counter() - started, threads, self.ctx_tokens, max_sequences,
-                 self.exact.describe(), self.exact.cli(threads))
+        log.info("loaded %s with llama.cpp in %.1fs: %d threads, %d KV cells, %d sequences of up to %d tokens; %s "
+                 "(llama.cpp's own tools: %s)", path, time.perf_counter() - started, threads, self.ctx_tokens,
+                 max_sequences, self.session_tokens, self.exact.describe(), self.exact.cli(threads))
 
     @property
     def placement(self) -> str:
@@ -240,7 +270,7 @@ class LlamaCppLM(IncrementalLM):
             self._give_back(next(iter(self._retained)))
         if not self._free_ids:
             raise ContextFull(f"all {self.max_sequences} llama.cpp sequences are in use")
-        state.seq_id = self._free_ids.pop()
+        state.seq_id = heapq.heappop(self._free_ids)
         # The finalizer holds the token list, not the state: the list is only ever changed in place.
         weakref.finalize(state, self._release, state.seq_id, state.tokens)
         self._live.add(state)
@@ -258,7 +288,11 @@ class LlamaCppLM(IncrementalLM):
             if shared > length:
                 best, length = seq_id, shared
         if best is not None:
-            self._lib.llama_memory_seq_cp(self._memory, best, state.seq_id, 0, length)
+            if self.exact.unified:
+                self._lib.llama_memory_seq_cp(self._memory, best, state.seq_id, 0, length)
+            else:   # across streams llama.cpp copies a whole stream only
+                self._lib.llama_memory_seq_cp(self._memory, best, state.seq_id, -1, -1)
+                self._lib.llama_memory_seq_rm(self._memory, state.seq_id, length, -1)
             if best in self._retained:
                 self._retained.move_to_end(best)
             state.tokens[:] = seq[:length]
@@ -278,7 +312,7 @@ class LlamaCppLM(IncrementalLM):
                 self._retained[seq_id] = list(tokens)
             else:
                 self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
-                self._free_ids.append(seq_id)
+                heapq.heappush(self._free_ids, seq_id)
         while len(self._retained) > self.max_retained:
             self._give_back(next(iter(self._retained)))
 
@@ -286,7 +320,7 @@ class LlamaCppLM(IncrementalLM):
         """Clear a kept sequence's cells and free its id."""
         del self._retained[seq_id]
         self._lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
-        self._free_ids.append(seq_id)
+        heapq.heappush(self._free_ids, seq_id)
 
     @property
     def retained_tokens(self) -> int:
@@ -348,7 +382,8 @@ class LlamaCppLM(IncrementalLM):
                 filled[f] = 1
         # Tokens in order, session after session; a batch holds at most batch_tokens of them. A prompt (one state
         # fed from empty) goes in such batches, as llama.cpp feeds one; windows in batches of window_rows.
-        plan = [(f, j) for f, (_, _, new, _) in enumerate(feeds) for j in range(len(new))]
+        order = range(len(feeds)) if self.exact.unified else sorted(range(len(feeds)), key=lambda f: feeds[f][0].seq_id)
+        plan = [(f, j) for f in order for j in range(len(feeds[f][2]))]
         prompt = len(feeds) == 1 and feeds[0][1] == 0
         size = self.batch_tokens if prompt else (self.exact.window_rows or self.batch_tokens)
         for chunk_start in range(0, len(plan), size):
@@ -381,7 +416,7 @@ class LlamaCppLM(IncrementalLM):
             status = llama.llama_decode(self._ctx, batch)
         if status == 1:
             raise ContextFull(f"no room in the llama.cpp context for {len(chunk)} more tokens "
-                              f"({self.ctx_tokens} KV cells in all)")
+                              f"({self.ctx_tokens} KV cells in all, {self.session_tokens} per session)")
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
         if wanted:
@@ -410,7 +445,7 @@ def gguf_path(spec: str) -> Path:
     return path
 
 
-def load(spec: str, threads: int = 0, ctx_tokens: int = 16384, max_sequences: int = 64,
+def load(spec: str, threads: int = 0, ctx_tokens: int | None = None, max_sequences: int | None = None,
          share_prefixes: bool = False, exact: LlamaExact | None = None) -> LlamaCppLM:
     """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own."""
     return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences,

@@ -42,8 +42,8 @@ class ModelServiceConfig:
 
 @dataclass(frozen=True, slots=True)
 class LlamaCppConfig:
-    ctx_tokens: int      # KV cells of the one llama.cpp context all sessions share, tokens
-    max_sequences: int   # sessions that can hold a KV cache at once (one llama.cpp sequence each)
+    ctx_tokens: int | None     # KV cells of the llama.cpp context, tokens (None: llamacpp.context_size's default)
+    max_sequences: int | None  # sessions that can hold a KV cache at once (one llama.cpp sequence each)
     share_prefixes: bool = False  # a new session takes the cells of a prefix another session holds
     exact: str = "auto"  # batch-invariant settings ("on", "off", "auto": on with one thread; llamacpp.exact_settings)
 
@@ -136,10 +136,12 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
     group = parser.add_argument_group("llama.cpp backend", "With --backend llamacpp: the GGUF model runs in one "
                                       "llama.cpp context; each session is a sequence of its unified KV cache, and "
                                       "windows of several sessions share one decode batch.")
-    group.add_argument("--ctx-tokens", type=int, default=16384,
-                       help="KV cells of the context, shared by all sessions, tokens (default %(default)s)")
-    group.add_argument("--max-sequences", type=int, default=64,
-                       help="sessions holding a KV cache at once, 1..256 (default %(default)s)")
+    group.add_argument("--ctx-tokens", type=int, default=None,
+                       help="KV cells of the context, tokens: shared by all sessions, or with --exact on split into "
+                            "a stream of --ctx-tokens / --max-sequences cells per session, as llama-server splits -c "
+                            "over its slots (default 16384 shared, or 2048 per session with --exact on)")
+    group.add_argument("--max-sequences", type=int, default=None,
+                       help="sessions holding a KV cache at once, 1..256 (default 64, or 16 with --exact on)")
     group.add_argument("--share-prefixes", action="store_true",
                        help="a session that opens with a prefix of 16+ tokens another session holds (a system "
                             "prompt, a chat template, a retried request) takes that session's KV cells instead of "
@@ -241,9 +243,10 @@ def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def model_service_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelServiceConfig:
-    if args.ctx_tokens < 256 or not 1 <= args.max_sequences <= 256:
-        parser.error(f"--ctx-tokens must be >= 256 and --max-sequences in 1..256, got {args.ctx_tokens} and "
-                     f"{args.max_sequences}")
+    if args.ctx_tokens is not None and args.ctx_tokens < 256:
+        parser.error(f"--ctx-tokens must be >= 256, got {args.ctx_tokens}")
+    if args.max_sequences is not None and not 1 <= args.max_sequences <= 256:
+        parser.error(f"--max-sequences must be in 1..256, got {args.max_sequences}")
     if args.prefix_cache_mb < 0:
         parser.error(f"--prefix-cache-mb must be >= 0 (0 = off), got {args.prefix_cache_mb}")
     return ModelServiceConfig(args.host, args.port, args.model, args.device, args.dtype, args.threads,

@@ -158,7 +158,9 @@ async def main(config: DrafterConfig) -> None:
     worker = ModelWorker("drafter")
     log.info("loading %s draft model %s", drafter.backend, drafter.onnx_dir if drafter.backend == "onnx" else config.model)
     model, _ = await worker.call(load_model, drafter)
-    engine = DrafterEngine(model, DrafterLimits(config.max_window, config.max_session_tokens,
+    # a llama.cpp context holds so many cells per session (its own stream's, with per-session streams)
+    max_session_tokens = min(config.max_session_tokens, getattr(model, "session_tokens", config.max_session_tokens))
+    engine = DrafterEngine(model, DrafterLimits(config.max_window, max_session_tokens,
                                                 drafter.idle_ttl_seconds, drafter.forget_after_seconds))
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
                                   backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1],

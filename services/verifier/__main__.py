@@ -197,12 +197,14 @@ def load_target(config: VerifierConfig):
 
 def fitted_limits(limits: VerifierLimits, target) -> VerifierLimits:
     """A llama.cpp context holds a fixed number of KV cells: keep the KV budget inside it (with room for one
-    batch), so the engine evicts idle caches before the context would refuse a batch."""
+    batch), so the engine evicts idle caches before the context would refuse a batch, and a session inside the
+    cells one session can hold (its own stream's, with per-session streams)."""
     cells = getattr(target, "ctx_tokens", 0)
     if not cells:
         return limits
     fit = max(1, cells - getattr(target, "batch_tokens", 0) // 4) * target.kv_bytes_per_token
-    return replace(limits, kv_budget_bytes=min(limits.kv_budget_bytes or fit, fit))
+    return replace(limits, kv_budget_bytes=min(limits.kv_budget_bytes or fit, fit),
+                   max_session_tokens=min(limits.max_session_tokens, target.session_tokens))
 
 
 def sweep_period(limits: VerifierLimits) -> float | None:

@@ -2,6 +2,7 @@
 output through the services equals llama.cpp's own one-session target-only greedy with the same settings, at
 every window, past 512 KV cells (where a two-thread one-token decode splits
 its attention). SmolLM2-135M GGUF as shipped, two threads; the measurements by the shipped probe."""
+import asyncio
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
 from bench.cluster import REPO_ROOT, LocalCluster  # noqa: E402
+from bench.llama_exactness import many  # noqa: E402
 from bench.llama_invariance import SETTINGS, run_setting  # noqa: E402
 from tests.streams import generated  # noqa: E402
 
@@ -75,3 +77,20 @@ def test_greedy_on_llamacpp_exact_mode_equals_llamacpp_target_only(tmp_path, ref
                 assert tokens == expected, (prompt[:30], window)
                 if window > 0:
                     assert stats.accepted_tokens > 0
+
+
+def test_concurrent_sessions_rolling_back_on_exact_mode_equal_llamacpp_target_only(tmp_path, references):
+    """Six sessions at once whose n-gram drafts are often rejected: each keeps a stream of KV cells of its own, so
+    no token lands in a cell another session's rollback freed, before the session's earlier cells (attention would
+    then sum its cells in another order than a one-session run)."""
+    texts = PROMPTS * 3
+    with LocalCluster(tmp_path, verifier_args=[*LLAMA[:4], "--ctx-tokens", "6144", "--max-sequences", "6",
+                                               "--threads", "2", "--exact", "on"],
+                      drafter_args=["--backend", "ngram", "--vocab-size", "49152"],
+                      coordinator_args=["--tokenizer", "smollm2"]) as cluster:
+        log = cluster.verifier.log_path.read_text()
+        assert "6 sequences of up to 1024 tokens" in log and "KV per sequence" in log
+        outputs = asyncio.run(many(cluster.coordinator.address, texts, MAX_NEW, -1))
+    for text, (tokens, _) in zip(texts, outputs):
+        assert tokens == references[PROMPTS.index(text)]
+    assert sum(stats.drafted_tokens - stats.accepted_tokens for _, stats in outputs) > 0   # rollbacks happened

@@ -28,6 +28,8 @@ DESCRIBED = {
     ("--tree-depth", "auto"): -1,
     ("--profile-window", "8, at most --max-window"): None,   # None = min(8, --max-window)
     ("--http-host", "--host"): "",                # "" = the --host address
+    ("--ctx-tokens", "by --exact"): None,         # None = llamacpp.context_size's default for the mode
+    ("--max-sequences", "by --exact"): None,
     ("--served-model-name", "the verifier's model"): "",
     **{(f"--upstream-{flag}", "plaintext"): None for flag in ("tls-ca", "tls-cert", "tls-key", "token-file")},
 }

@@ -5,6 +5,7 @@ The reference for exactness is llama.cpp itself: target-only greedy decoding wit
 token per llama_decode (what `services.verifier --backend llamacpp` does at window 0).
 """
 import asyncio
+import dataclasses
 import gc
 
 import numpy as np
@@ -215,3 +216,55 @@ def test_a_closed_sessions_cells_are_kept_for_a_retry_and_given_back_when_needed
     big = lm.new_state()
     lm.logits_rows(big, list(range(10, 10 + 1960)), 1)  # more cells than are free: the kept ones are given back
     assert lm.retained_tokens == 0 and lm.cached_length(big) == 1960
+
+
+def rows_after_a_rollback_before_its_cells(exact):
+    """Session A's logits for six one-token steps after session B rolled back a window whose cells lie before A's
+    (B's prompt, B's window, A's prompt, then B's crop), and the same steps of A alone."""
+    b_prompt, a_prompt, steps = PROMPTS[0] * 4, PROMPTS[1] * 3, PROMPTS[2][:6]
+    shared = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=2, exact=exact)
+    a, b = shared.new_state(), shared.new_state()
+    shared.prefill(b, b_prompt)
+    shared.logits_rows(b, b_prompt + steps[:4], 4)
+    shared.prefill(a, a_prompt)
+    shared.crop(b, len(b_prompt))
+    together = [shared.logits_rows(a, a_prompt + steps[:i], 1)[0] for i in range(1, 7)]
+    del a, b
+    shared.close()
+    solo = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=2, exact=exact)
+    a = solo.new_state()
+    solo.prefill(a, a_prompt)
+    alone = [solo.logits_rows(a, a_prompt + steps[:i], 1)[0] for i in range(1, 7)]
+    del a
+    solo.close()
+    return together, alone
+
+
+def test_exact_mode_keeps_each_session_in_its_own_cells():
+    """With --exact on each session has a stream of cells of its own: its tokens stay in order whatever other
+    sessions roll back. In one unified cache the next token of A lands in the cells B freed, before A's prompt,
+    and flash attention sums A's cells in another order (the probe can tell: the logits differ)."""
+    assert not llamacpp.EXACT.unified
+    together, alone = rows_after_a_rollback_before_its_cells(llamacpp.EXACT)
+    assert all(np.array_equal(x, y) for x, y in zip(together, alone))
+    together, alone = rows_after_a_rollback_before_its_cells(dataclasses.replace(llamacpp.EXACT, unified=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(together, alone))
+
+
+def test_context_size_defaults_by_cache_layout():
+    unified, streams = llamacpp.LlamaExact(), llamacpp.EXACT
+    assert llamacpp.context_size(unified, None, None) == (16384, 64)
+    assert llamacpp.context_size(streams, None, None) == (32768, 16)          # 2048 cells per session
+    assert llamacpp.context_size(streams, 4096, None) == (4096, 2)            # 2048 per session kept
+    assert llamacpp.context_size(streams, 1024, None) == (1024, 1)
+    assert llamacpp.context_size(streams, None, 4) == (8192, 4)
+    assert llamacpp.context_size(streams, 6144, 6) == (6144, 6)
+    assert llamacpp.context_size(unified, 4096, None) == (4096, 64)
+    lm = llamacpp.load("smollm2", threads=1, ctx_tokens=1024, max_sequences=4, exact=streams)
+    try:   # a stream per sequence: 256 cells each (llama.cpp pads a stream to 256)
+        assert (lm.ctx_tokens, lm.session_tokens) == (1024, 256)
+        state = lm.new_state()
+        with pytest.raises(ResourceExhausted):   # one session cannot take another's cells
+            lm.logits_rows(state, list(range(300, 560)), 1)
+    finally:
+        lm.close()
