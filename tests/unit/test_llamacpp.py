@@ -268,3 +268,27 @@ def test_context_size_defaults_by_cache_layout():
             lm.logits_rows(state, list(range(300, 560)), 1)
     finally:
         lm.close()
+
+
+def test_shared_prefixes_with_a_stream_per_session():
+    """With exact mode's stream per session a shared prefix is a copy of the donor's stream, cropped: the sharer
+    holds the prefix and what it fed, the donor keeps its cells and goes on as if alone."""
+    prompt = PROMPTS[0] + PROMPTS[1]                        # 54 tokens
+    solo = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=2, exact=llamacpp.EXACT)
+    alone_shared = solo.logits_rows(solo.new_state(), prompt[:40] + [5, 6], 2)
+    donor_alone = solo.new_state()
+    solo.logits_rows(donor_alone, prompt + [7, 8, 9], 1)
+    donor_next_alone = solo.logits_rows(donor_alone, prompt + [7, 8, 9, 10], 1)
+    del donor_alone
+    solo.close()
+    lm = llamacpp.load("smollm2", threads=1, ctx_tokens=2048, max_sequences=4, share_prefixes=True,
+                       exact=llamacpp.EXACT)
+    try:
+        donor, sharer = lm.new_state(), lm.new_state()
+        lm.logits_rows(donor, prompt + [7, 8, 9], 1)
+        rows = lm.logits_rows(sharer, prompt[:40] + [5, 6], 2)
+        assert lm.shared_tokens == 40 and lm.cached_length(sharer) == 42
+        assert np.array_equal(rows.argmax(-1), alone_shared.argmax(-1)) and np.abs(rows - alone_shared).max() < 1e-2
+        assert np.array_equal(lm.logits_rows(donor, prompt + [7, 8, 9, 10], 1), donor_next_alone)
+    finally:
+        lm.close()
