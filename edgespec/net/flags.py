@@ -134,8 +134,9 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
                              "session) from it instead of computing it again; 0 = off (default %(default)s). "
                              "The llama.cpp backend shares live sessions' cells instead (--share-prefixes)")
     group = parser.add_argument_group("llama.cpp backend", "With --backend llamacpp: the GGUF model runs in one "
-                                      "llama.cpp context; each session is a sequence of its unified KV cache, and "
-                                      "windows of several sessions share one decode batch.")
+                                      "llama.cpp context; each session is a sequence of its KV cache (one unified "
+                                      "cache, or with --exact on a stream of cells each), and windows of several "
+                                      "sessions share one decode batch.")
     group.add_argument("--ctx-tokens", type=int, default=None,
                        help="KV cells of the context, tokens: shared by all sessions, or with --exact on split into "
                             "a stream of --ctx-tokens / --max-sequences cells per session, as llama-server splits -c "

@@ -88,9 +88,8 @@ def this_cpu(cpuinfo: str | None = None) -> Cpu:
 
 def cmake_args(variant: str, cpu: Cpu) -> list[str]:
     """The CMake flags of a variant on this CPU. OpenMP stays on (llama.cpp's default): its barrier spins a
-    bounded time and then sleeps, where ggml's own thread pool spins without end, so with more threads than free
-    cores (services beside each other on two cores) a decode waited on descheduled spinners and ran many times
-    slower."""
+    bounded time and then sleeps, where ggml's own thread pool spins without yielding (with more threads than
+    free cores, services beside each other on two cores, the suite took 85 min without OpenMP, ~50 with it)."""
     common = ["-DLLAMA_CURL=OFF"]
     if variant == "native":
         return ["-DGGML_NATIVE=ON", *common]
