@@ -1,4 +1,4 @@
-"""Baselines for `edgespec bench`, in their own process so the target is never loaded twice.
+"""Baselines for `edgespec bench speed`, in their own process so the target is never loaded twice.
 
 Target-only greedy decoding (transformers generate() with its KV cache) and HF
 assisted generation (assistant_model=draft, constant window) over the prompt set;

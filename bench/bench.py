@@ -1,6 +1,6 @@
-"""`edgespec bench`: edgespec over gRPC vs target-only and HF assisted generation, one run.
+"""`edgespec bench speed`: edgespec over gRPC vs target-only and HF assisted generation, one run.
 
-    edgespec bench --json bench-results/bench.json --md bench-results/bench.md
+    edgespec bench speed --json bench-results/bench.json --md bench-results/bench.md
 
 1. Baselines in a child process (the target is never loaded twice at once):
    target-only greedy with transformers generate() and its KV cache, and HF
@@ -122,7 +122,7 @@ def depth_table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench speed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench-results" / "bench.json", help="JSON output path")
     parser.add_argument("--md", type=Path, default=None, help="markdown table path (default: next to --json)")

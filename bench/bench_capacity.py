@@ -1,6 +1,6 @@
-"""`edgespec bench-capacity`: what one cloud verifier serves to N users, with edge drafting and without.
+"""`edgespec bench capacity`: what one cloud verifier serves to N users, with edge drafting and without.
 
-    edgespec bench-capacity --sessions 1,4,16 --rtt 0,50 --json bench-results/capacity.json --plot capacity.png
+    edgespec bench capacity --sessions 1,4,16 --rtt 0,50 --json bench-results/capacity.json --plot capacity.png
 
 One verifier (its own process, pinned to --verifier-cpus) serves N concurrent sessions. Each session is an
 emulated edge device: its drafter returns the real draft model's proposals for the session's prefix,
@@ -612,7 +612,7 @@ def pin_devices(config: argparse.Namespace) -> str | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="edgespec bench-capacity", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench capacity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", default="1,2,4,8,16,32", help="concurrent sessions N (default %(default)s)")
     parser.add_argument("--rtt", default="0,50,100", help="edge-cloud round trips, ms (default %(default)s)")
@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     from edgespec.backends.tokenizer import load_tokenizer
 
-    verifier_args = verifier_command(config, "edgespec bench-capacity")
+    verifier_args = verifier_command(config, "edgespec bench capacity")
     if verifier_args is None:
         return 2
     tokenizer = load_tokenizer(config.tokenizer)

@@ -1,6 +1,6 @@
 """The coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts.
 
-    edgespec bench-coupled [--window 4] [--temperature 0.8] [--seeds 3] [--tokens 48] [--json out.json]
+    edgespec bench coupled [--window 4] [--temperature 0.8] [--seeds 3] [--tokens 48] [--json out.json]
 
 Both samplers are lossless; they differ in how often the target keeps a draft token.
 The standard rule accepts x with probability min(1, p(x)/q(x)) against the draft's
@@ -68,7 +68,7 @@ def markdown(summary: dict, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-coupled", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench coupled", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=int, default=4, help="fixed draft window k (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default %(default)s)")

@@ -1,6 +1,6 @@
 """Drafters alone and the router, per category, on 90 prompts: acceptance, tokens per round, tokens/s.
 
-    edgespec bench-drafters --json out.json [--onnx-dir DIR] [--tokens 32]
+    edgespec bench drafters --json out.json [--onnx-dir DIR] [--tokens 32]
 
 Greedy speculative decoding commits exactly the target's greedy tokens, so a
 drafter's rounds can be replayed against the target's reference output: at
@@ -139,7 +139,7 @@ def train_arms(names: list[str], rows: dict[str, list[dict]], texts: list[str], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec bench-drafters", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench drafters", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default="bench-results/drafters.json")
     parser.add_argument("--tokens", type=int, default=32, help="target tokens per prompt (default %(default)s)")
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         router = Router(train_arms(names, rows, texts, list(range(len(prompts))), costs), verify_wall_seconds=verify[args.window])
         weights = router.to_json() | {"meta": {"trained": time.strftime("%Y-%m-%d"), "prompts": len(prompts),
                                                "window": args.window, "tokens": args.tokens,
-                                               "source": "edgespec bench-drafters --weights-out"}}
+                                               "source": "edgespec bench drafters --weights-out"}}
         Path(args.weights_out).write_text(json.dumps(weights, indent=1) + "\n")
         print(f"wrote {args.weights_out}")
     return 0

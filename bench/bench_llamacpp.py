@@ -1,6 +1,6 @@
-"""`edgespec bench-llamacpp`: edgespec on llama.cpp against llama.cpp itself, on this CPU, one run.
+"""`edgespec bench llamacpp`: edgespec on llama.cpp against llama.cpp itself, on this CPU, one run.
 
-    edgespec bench-llamacpp --json out.json --md out.md [--prompts 6] [--tokens 64] [--rtts 0,20]
+    edgespec bench llamacpp --json out.json --md out.md [--prompts 6] [--tokens 64] [--rtts 0,20]
 
 Anchors (llama.cpp's own tools, built from the sources the pinned llama-cpp-python vendors:
 bench/llamacpp_tools.py): `llama-bench` target-only decode speed on 2 threads and on one core, the cost
@@ -168,7 +168,7 @@ def ceiling(curve: dict[int, float], draft_per_step: float, alpha: float, rtt_st
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-llamacpp", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench llamacpp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=6, help="bench prompts used, spread over code/QA/chat (default %(default)s)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per generation (default %(default)s)")

@@ -1,6 +1,6 @@
-"""`edgespec bench-load`: one verifier under N concurrent sessions, cross-session batching on vs off.
+"""`edgespec bench load`: one verifier under N concurrent sessions, cross-session batching on vs off.
 
-    edgespec bench-load --sessions 1,2,4,8,16,32 --tokens 32 --json bench-results/load.json
+    edgespec bench load --sessions 1,2,4,8,16,32 --tokens 32 --json bench-results/load.json
 
 Only the verifier runs: no drafter and no coordinator, so the cores measure the
 verifier alone. Each simulated edge session drafts from a reference, the target's
@@ -351,7 +351,7 @@ def on_off_ratios(rows: list[dict]) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="edgespec bench-load", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench load", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="target", help="the verifier's --model (default %(default)s; tests: tiny:SEED)")
     parser.add_argument("--tokenizer", default="", help="tokenizer for the prompts: 'bytes', 'target', 'draft' or a "
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                         *shlex.split(getattr(config, f"verifier_args_{mode}"))] for mode in config.modes}
     for mode, args in mode_args.items():
         if unknown_flags(args, help_text):
-            print(f"edgespec bench-load: the verifier does not take {', '.join(unknown_flags(args, help_text))} "
+            print(f"edgespec bench load: the verifier does not take {', '.join(unknown_flags(args, help_text))} "
                   f"(mode {mode}: {shlex.join(args)}); see `python -m services.verifier --help` and set "
                   f"--verifier-args-{mode}", file=sys.stderr)
             return 2

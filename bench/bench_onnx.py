@@ -1,6 +1,6 @@
 """Drafting speed and agreement: torch vs ONNX Runtime, float32 vs int8, on the real draft model.
 
-    python -m bench.bench_onnx [--threads 2] [--new-tokens 64] [--json out.json]
+    edgespec bench onnx [--threads 2] [--new-tokens 64] [--json out.json]
 
 Exports the draft to ONNX (float32 and int8) under the model cache on first use,
 then for each variant: prefill a ~100-token prompt and draft --new-tokens tokens
@@ -83,7 +83,7 @@ def text_choices(lm, texts: list[list[int]]) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_onnx", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench onnx", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2, help="torch threads and ORT intra-op threads (default %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens drafted per prompt (default %(default)s)")

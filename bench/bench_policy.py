@@ -1,6 +1,6 @@
 """Window policies on the real services over an emulated link, and the simulator's error against them.
 
-    edgespec bench-policy [--rtts 0,20,50,100] [--per-category 1] [--max-new-tokens 40] [--tiny]
+    edgespec bench policy [--rtts 0,20,50,100] [--per-category 1] [--max-new-tokens 40] [--tiny]
 
 One cluster (verifier on cpu 1, drafter and coordinators on cpu 0, one torch thread each, as bench-wan),
 one coordinator per adaptive policy (goodput, heuristic, awc), a delay proxy in front of the verifier.
@@ -107,7 +107,7 @@ def simulate(profile: dict, alpha: float, rtt_ms: float, k: int, requests: int, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-policy", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="edgespec bench policy", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rtts", default="0,20,50,100", help="link RTTs, ms (default %(default)s)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per regime (default %(default)s)")

@@ -1,6 +1,6 @@
 """Prefix caching on the verifier and drafter: sessions that share a prompt, with the cache off and on.
 
-    edgespec bench-prefix [--sessions 12] [--out docs/bench/prefix]
+    edgespec bench prefix [--sessions 12] [--out docs/bench/prefix]
 
 Real services on loopback (the default pair on PyTorch, float32), started twice: with ``--prefix-cache-mb 0``
 on verifier and drafter, then with the default cache. Two workloads, run one session after another:
@@ -115,7 +115,7 @@ def plot(results: dict[float, dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-prefix", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench prefix", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=12, help="sessions per workload (default %(default)s)")
     parser.add_argument("--cache-mb", type=float, default=256.0,

@@ -1,8 +1,8 @@
-"""`edgespec bench-regimes`: window control through a trace whose regime changes, against fixed windows.
+"""`edgespec bench regimes`: window control through a trace whose regime changes, against fixed windows.
 
-    edgespec bench-regimes --json bench-results/regimes.json --plot bench-results/regimes.png
+    edgespec bench regimes --json bench-results/regimes.json --plot bench-results/regimes.png
 
-The set-up of `edgespec bench-capacity` (one verifier on its own core; emulated edge devices that propose
+The set-up of `edgespec bench capacity` (one verifier on its own core; emulated edge devices that propose
 the draft model's recorded greedy choices after its measured draft time; an emulated link, real sockets), run
 through one trace of phases, each with its own link RTT, number of concurrent users and kind of prompt:
 
@@ -180,7 +180,7 @@ async def measure(service, metrics_url, config, phases, prompts, keys) -> tuple[
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="edgespec bench-regimes", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench regimes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="phases RTT_MS:SESSIONS:CATEGORY, comma-separated "
                         "(default %(default)s)")
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     from edgespec.backends.tokenizer import load_tokenizer
 
-    verifier_args = verifier_command(config, "edgespec bench-regimes")
+    verifier_args = verifier_command(config, "edgespec bench regimes")
     if verifier_args is None:
         return 2
     tokenizer = load_tokenizer(config.tokenizer)

@@ -1,6 +1,6 @@
 """Relaxed (lossy) verification against lossless, on the real services: acceptance, speed, quality.
 
-    edgespec bench-relaxed --json out.json [--problems 10] [--max-new-tokens 96]
+    edgespec bench relaxed --json out.json [--problems 10] [--max-new-tokens 96]
 
 One local cluster (verifier, drafter, coordinator on loopback gRPC, the default
 pair) serves every configuration in turn, each at the same fixed window. Two prompt
@@ -103,7 +103,7 @@ def markdown(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec bench-relaxed", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench relaxed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default="bench-results/relaxed.json", help="results file (default %(default)s)")
     parser.add_argument("--problems", type=int, default=10, help="HumanEval problems, from #0 (default %(default)s)")

@@ -1,7 +1,7 @@
-"""`edgespec bench-vllm`: the verifier on vLLM against vLLM itself and the torch verifier, on this machine, one run.
+"""`edgespec bench vllm`: the verifier on vLLM against vLLM itself and the torch verifier, on this machine, one run.
 
     bash scripts/vllm_env.sh        # the vLLM environment (.venv-vllm), once
-    edgespec bench-vllm --json out.json --md out.md [--prompts 6] [--tokens 64]
+    edgespec bench vllm --json out.json --md out.md [--prompts 6] [--tokens 64]
 
 Anchors, run in the vLLM environment (bench/vllm_reference.py): vLLM target-only greedy on the bench prompts
 (the engine core in process, as the verifier runs it, and in processes of its own, vLLM's default), and
@@ -59,7 +59,7 @@ def forward_profile(address: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-vllm", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench vllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=6, help="bench prompts used, spread over code/QA/chat (default %(default)s)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per generation (default %(default)s)")

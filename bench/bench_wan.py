@@ -1,6 +1,6 @@
-"""`edgespec bench-wan`: blocking vs pipelined speculation over an emulated edge-cloud link.
+"""`edgespec bench wan`: blocking vs pipelined speculation over an emulated edge-cloud link.
 
-    edgespec bench-wan --json docs/bench/wan.json --md docs/bench/wan.md
+    edgespec bench wan --json docs/bench/wan.json --md docs/bench/wan.md
 
 One cluster with the default real pair; the verifier sits behind a WAN delay
 proxy (bench.wan) whose profile changes between settings, and its RTT
@@ -78,7 +78,7 @@ def settings(rtts: list[float], lossy: bool) -> list[tuple[str, LinkProfile]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-wan", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench wan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rtts", default="0,20,50,100", help="link RTTs to test, ms (default %(default)s)")
     parser.add_argument("--no-lossy", action="store_true", help="skip the jitter + 0.5%% loss setting")

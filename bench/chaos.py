@@ -1,6 +1,6 @@
-"""Fault injection around a LocalCluster, and `edgespec bench-chaos`.
+"""Fault injection around a LocalCluster, and `edgespec bench chaos`.
 
-    edgespec bench-chaos --faults kill,stall,reset,partition --trials 10 --json docs/bench/chaos.json
+    edgespec bench chaos --faults kill,stall,reset,partition --trials 10 --json docs/bench/chaos.json
 
 Each trial streams a greedy generation and, once a random number of tokens has
 arrived, hits the verifier serving it: SIGKILL (then restart), SIGSTOP past the
@@ -131,7 +131,7 @@ FAULTS = ("kill", "stall", "reset", "partition")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench-chaos", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20, help="trials per fault kind and mode (default %(default)s)")
     parser.add_argument("--faults", default="kill", help=f"comma-separated fault kinds from {','.join(FAULTS)} "

@@ -1,6 +1,6 @@
 """Start verifiers, drafter and coordinator as real processes on loopback.
 
-Used by `edgespec demo`, `edgespec bench` and the RPC/system/chaos tests. Each
+Used by `edgespec demo`, `edgespec bench speed` and the RPC/system/chaos tests. Each
 service binds port 0 (or a given port, to restart it in place) and we read the
 port it logged; logs go to files in ``log_dir``. With a ``link`` profile, each
 verifier sits behind a WAN delay proxy (bench.wan) and the coordinator

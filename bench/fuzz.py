@@ -1,6 +1,6 @@
 """Fuzz the services' request handling over real gRPC: malformed, oversized and adversarial messages.
 
-    edgespec bench-fuzz --inputs 100000 [--json PATH] [--seed S]
+    edgespec bench fuzz --inputs 100000 [--json PATH] [--seed S]
 
 Starts a verifier, a drafter and a coordinator (tiny random models) on loopback
 and sends them inputs drawn by hypothesis from the protobuf descriptors
@@ -323,7 +323,7 @@ def run(fuzzer: Fuzzer, inputs: int, seed: int | None = None, shrink: bool = Fal
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec bench-fuzz", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="edgespec bench fuzz", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=int, default=100_000, help="inputs to send (default %(default)s)")
     parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: derandomized)")

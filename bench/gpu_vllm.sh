@@ -25,14 +25,14 @@ bash scripts/install.sh
 VLLM_GPU=1 bash scripts/vllm_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu-vllm-$DAY-gpu.txt"
 GPU_VERIFIER="--gpu-memory-utilization 0.8 --max-model-len 4096"
-.venv/bin/edgespec bench-vllm --compile --windows 2,4,8 --rtts 0,50 --spec-tokens 2,4,8 \
+.venv/bin/edgespec bench vllm --compile --windows 2,4,8 --rtts 0,50 --spec-tokens 2,4,8 \
   --verifier-args "$GPU_VERIFIER" --json "$OUT/gpu-vllm-$DAY.json" --md "$OUT/gpu-vllm-$DAY.md"
 if [ -n "${LARGE_TARGET:-}" ]; then
-  .venv/bin/edgespec bench-vllm --compile --target "$LARGE_TARGET" --windows 4 --rtts 0,50 --spec-tokens 4 \
+  .venv/bin/edgespec bench vllm --compile --target "$LARGE_TARGET" --windows 4 --rtts 0,50 --spec-tokens 4 \
     --torch-windows "" --verifier-args "$GPU_VERIFIER" \
     --json "$OUT/gpu-vllm-$DAY-large.json" --md "$OUT/gpu-vllm-$DAY-large.md"
 fi
-.venv/bin/edgespec bench-capacity --backend vllm --model target --verifier-cpus none --sessions 1,2,4,8,16,32 \
+.venv/bin/edgespec bench capacity --backend vllm --model target --verifier-cpus none --sessions 1,2,4,8,16,32 \
   --rtt 0,50 --modes ar,k=2,k=4,auto --verifier-args "--dtype bfloat16 --vllm-compile --max-batch 32 $GPU_VERIFIER" \
   --json "$OUT/gpu-vllm-$DAY-capacity.json" --plot "$OUT/gpu-vllm-$DAY-capacity.png"
 echo "results: $OUT/gpu-vllm-$DAY*"

@@ -1,7 +1,7 @@
 """Engines as the round loop's ports, in one process: no wire, no services.
 
 For tests and for tools that run edgespec's own round loop against models loaded
-in process (edgespec bench-drafters' references).
+in process (edgespec bench drafters' references).
 """
 from __future__ import annotations
 

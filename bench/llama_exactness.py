@@ -1,6 +1,6 @@
 """Is edgespec on llama.cpp llama.cpp's own greedy output? Every prompt, every window, many sessions at once.
 
-    python -m bench.llama_exactness [--exact on|off] [--prompts 12] [--tokens 64] [--sessions 16] [--json PATH]
+    edgespec bench exactness [--exact on|off] [--prompts 12] [--tokens 64] [--sessions 16] [--json PATH]
 
 The reference is llama.cpp target-only greedy decoding, one session alone in its own context: the prompt in
 one batch, then one token per llama_decode, with the verifier's llama.cpp settings (printed as llama.cpp
@@ -117,7 +117,7 @@ def run(cluster: LocalCluster, label: str, texts: list[str], refs: list[dict], t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.llama_exactness", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench exactness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--exact", choices=["on", "off"], default="on", help="the verifier's --exact (default %(default)s)")
     parser.add_argument("--prompts", type=int, default=12, help="bench prompts (default %(default)s, all)")

@@ -1,6 +1,6 @@
 """Is a llama.cpp batch of n rows what n one-row decodes compute? A probe, per setting, on the default pair.
 
-    python -m bench.llama_invariance [--models target,draft] [--json PATH] [--md PATH]
+    edgespec bench invariance [--models target,draft] [--json PATH] [--md PATH]
 
 For each setting (flash attention, weight repacking, the tiled K-quant matmul, the threads of a one-token
 decode, unified or per-sequence KV) it loads the model in a subprocess of its own (ggml reads
@@ -232,7 +232,7 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.llama_invariance", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench invariance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="target,draft", help="packaged models or GGUF paths (default %(default)s)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),

@@ -1,7 +1,7 @@
-"""`edgespec sim-capacity CAPACITY.json`: DSD-Sim, calibrated from a bench-capacity run, predicts that run.
+"""`edgespec bench sim-capacity CAPACITY.json`: DSD-Sim, calibrated from a bench-capacity run, predicts that run.
 
-    edgespec bench-capacity --json capacity.json ...          # measure (writes what calibration needs)
-    edgespec sim-capacity capacity.json --json sim.json --plot sim.png
+    edgespec bench capacity --json capacity.json ...          # measure (writes what calibration needs)
+    edgespec bench sim-capacity capacity.json --json sim.json --plot sim.png
 
 Calibration takes only what the run measured:
   - the verifier's cost of one forward over T tokens in W windows, c(T, W) = f(T) + o (W - 1), f piecewise
@@ -228,7 +228,7 @@ def plot(rows: list[dict], tolerance: float, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec sim-capacity", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench sim-capacity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a bench-capacity --json result")
     parser.add_argument("--tolerance", type=float, default=0.10, help="relative error counted as a hit "
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                              "or not, and report the adaptive policies against the better of ar and the best fixed "
                              "window")
     parser.add_argument("--awc-weights", type=Path, default=None,
-                        help="with --compare: the learned controller's weights (edgespec train-awc --out); default "
+                        help="with --compare: the learned controller's weights (edgespec train awc --out); default "
                              "the shipped ones")
     args = parser.parse_args(argv)
     if not 0 < args.tolerance < 1:
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile, fit_error, rows = predict(run, args.tolerance)
     except (ValueError, KeyError, TypeError) as error:
-        print(f"edgespec sim-capacity: {args.run}: {error}", file=sys.stderr)
+        print(f"edgespec bench sim-capacity: {args.run}: {error}", file=sys.stderr)
         return 2
     text = markdown(profile, fit_error, rows, args.tolerance)
     compared = None

@@ -1,6 +1,6 @@
-"""`edgespec soak`: many sessions opening and closing for minutes; failed requests, and memory over time.
+"""`edgespec bench soak`: many sessions opening and closing for minutes; failed requests, and memory over time.
 
-    edgespec soak --minutes 10 --clients 16 --json bench-results/soak.json
+    edgespec bench soak --minutes 10 --clients 16 --json bench-results/soak.json
 
 Starts verifier, drafter and coordinator on loopback (default: the real pair)
 and runs --clients client loops through the edge client for --minutes: each loop
@@ -226,7 +226,7 @@ def print_report(report: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="edgespec soak", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec bench soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10, help="how long the client loops run (default %(default)s)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent client loops (default %(default)s)")

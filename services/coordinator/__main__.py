@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "request from the prompt and learns from the acceptance each session observes, switching "
                              "a session's drafter once if another is clearly faster (default %(default)s)")
     parser.add_argument("--router-weights", default="",
-                        help="router weights JSON (written by `edgespec bench-drafters --weights-out FILE`); "
+                        help="router weights JSON (written by `edgespec bench drafters --weights-out FILE`); "
                              "default: the shipped ones")
     parser.add_argument("--verifier", default="127.0.0.1:50061",
                         help="verifier pool: comma-separated host:port list. Each session lives on one verifier and "

@@ -1,4 +1,4 @@
-"""`edgespec bench-capacity` end to end with SmolLM2 in llama.cpp as target and draft: a real verifier process,
+"""`edgespec bench capacity` end to end with SmolLM2 in llama.cpp as target and draft: a real verifier process,
 emulated edge devices proposing the draft model's recorded choices, over a real delay proxy."""
 import json
 

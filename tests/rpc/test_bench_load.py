@@ -1,4 +1,4 @@
-"""`edgespec bench-load` end to end on a tiny model: a real verifier process, sessions drafting from the reference."""
+"""`edgespec bench load` end to end on a tiny model: a real verifier process, sessions drafting from the reference."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""`edgespec bench-regimes` end to end with SmolLM2 in llama.cpp as target and draft: each mode through a
+"""`edgespec bench regimes` end to end with SmolLM2 in llama.cpp as target and draft: each mode through a
 trace whose link, load and prompts change, one real verifier, a real delay proxy whose RTT is switched."""
 import json
 

@@ -2,7 +2,7 @@
 drafter and coordinator killed and restarted. In every trial the client's stream must equal
 the fault-free output, with no token lost or repeated.
 
-Tiny models keep each trial to seconds; `edgespec bench-chaos` runs many more trials.
+Tiny models keep each trial to seconds; `edgespec bench chaos` runs many more trials.
 """
 import signal
 import time

@@ -1,4 +1,4 @@
-"""Hostile input over real gRPC: a bounded fuzz run in CI (edgespec bench-fuzz runs 100,000)."""
+"""Hostile input over real gRPC: a bounded fuzz run in CI (edgespec bench fuzz runs 100,000)."""
 import grpc
 import pytest
 

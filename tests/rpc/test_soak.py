@@ -1,4 +1,4 @@
-"""`edgespec soak` for seconds on tiny models: sessions open and close; deliberate overload is told apart from failure."""
+"""`edgespec bench soak` for seconds on tiny models: sessions open and close; deliberate overload is told apart from failure."""
 import json
 
 from bench import soak
