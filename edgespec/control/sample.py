@@ -27,6 +27,7 @@ class RoundSample:
     took_sibling: bool = False           # the accepted path went through one of them (its last node)
     self_drafted: int = 0                # cloud drafting: tokens the verifier drafted and scored itself (k is 0)
     draft_catchup: int = 0               # tokens the drafter computed before drafting (committed while it was idle)
+    free: bool = False                   # the chain was a free draft (the coordinator's suffix drafter), not the drafter's
 
     @property
     def tokens(self) -> int:

@@ -135,7 +135,7 @@ class Telemetry:
         if sample.tokens > 0:
             self.tpot = _ema(self.tpot, sample.wall / sample.tokens, s)
         k, n = sample.k, sample.accepted
-        if k == 0:
+        if k == 0 or sample.free:   # acceptance and drafting cost are the drafter's: free drafts keep their own
             return
         if sample.siblings and (n < sample.siblings or sample.took_sibling):   # a runner-up stood where it stopped
             self.sibling_chances += 1

@@ -34,7 +34,7 @@ from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailabl
 from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.routed_drafter import RoutedDrafter
-from edgespec.loop.rounds import CLOUD_DRAFT_MODES, DrafterPort
+from edgespec.loop.rounds import CLOUD_DRAFT_MODES, DrafterPort, FreeDrafts
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.loop.stops import StopCutter, check_stops
@@ -135,6 +135,9 @@ class GenerationStats:
     stop_sequence: str = ""        # finish_reason "stop": the stop sequence that ended the text
     offered_at_depth: list[int] = field(default_factory=list)    # [d - 1]: edge windows drafting a token at depth d
     accepted_at_depth: list[int] = field(default_factory=list)   # [d - 1]: rounds whose accepted path reached depth d
+    free_rounds: int = 0           # rounds whose window was a free draft (the suffix drafter at the coordinator)
+    free_drafted_tokens: int = 0   # ... their draft tokens (in drafted_tokens too)
+    free_accepted_tokens: int = 0  # ... of those, accepted (in accepted_tokens too)
 
 
 class TokenizerPort(Protocol):
@@ -152,6 +155,13 @@ class TextStreamPort(Protocol):
 class VerifierInfo(Protocol):
     vocab_size: int                # token ids the target accepts: [0, vocab_size)
     eos_token_ids: Sequence[int]   # tokens that end a generation
+
+
+class FreeDrafter(Protocol):
+    """The coordinator's free drafter (edgespec.backends.suffix.SuffixDrafter): a session per generation,
+    whose measured acceptance it takes back when the generation ends."""
+    def session(self) -> FreeDrafts: ...
+    def absorb(self, session: FreeDrafts) -> None: ...
 
 
 class SlotsPort(Protocol):
@@ -176,7 +186,8 @@ class Generations:
 
     def __init__(self, config: GenerationConfig, tokenizer: TokenizerPort, text_stream: Callable[[], TextStreamPort],
                  drafters: Mapping[str, DrafterPort], verifier: FailoverVerifier, slots: SlotsPort | None = None,
-                 router: Router | None = None, metrics: CoordinatorMetrics | None = None):
+                 router: Router | None = None, metrics: CoordinatorMetrics | None = None,
+                 free_drafter: FreeDrafter | None = None):
         if not drafters:
             raise ValueError("a coordinator needs at least one drafter")
         self.config = config
@@ -187,6 +198,7 @@ class Generations:
         self.slots = slots                     # None: no per-client limit
         self.router = router                   # picks a drafter per request; this object feeds it the verify cost
         self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
+        self.free_drafter = free_drafter       # asked every round of adaptive-window requests; None = off
         self.costs = Telemetry()               # what earlier sessions measured (costs) and accepted (a prior)
         self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
         self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
@@ -210,6 +222,9 @@ class Generations:
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
         drafter = self._drafter_for(session_id, request.text, telemetry)
+        # free drafts in adaptive windows: a fixed window asks for the drafter's k (and 0 for none at all)
+        free = self.free_drafter.session() if self.free_drafter is not None and plan.window < 0 else None
+        max_draft = min(config.max_window, getattr(self._info, "max_window", 0) or config.max_window)
         cutter = StopCutter(request.stop)
         kept = len(session.generated)      # generated tokens returned: all, or those up to a stop sequence
         log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(plan.prompt),
@@ -224,8 +239,8 @@ class Generations:
             rounds = speculate(session, session_id, drafter, self.verifier, policy, params,
                                pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
                                max_unverified=config.max_unverified, telemetry=telemetry,
-                               metrics=self.metrics, max_draft=config.max_window, tree_depth=config.tree_depth,
-                               cloud_draft=config.cloud_draft)
+                               metrics=self.metrics, max_draft=max_draft, tree_depth=config.tree_depth,
+                               cloud_draft=config.cloud_draft, free=free)
             async with contextlib.aclosing(rounds):   # a stop sequence ends the rounds early (in-flight ones too)
                 async for chunk in rounds:
                     if chunk.unverified:
@@ -256,6 +271,8 @@ class Generations:
                 self.slots.release(session_id)
             if telemetry.rounds:
                 self.costs.absorb(telemetry)
+            if free is not None:
+                self.free_drafter.absorb(free)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafter, drafting)
@@ -268,9 +285,10 @@ class Generations:
         # new_tokens counts the tokens returned.
         rounds, new = session.stats, kept
         link = telemetry.links.get(telemetry.last_link)
-        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round; "
-                 "link rtt %.1f ms (jitter %.1f), verifier queue %.2f", session_id, new, seconds, new / seconds,
-                 rounds.acceptance_rate, rounds.mean_accepted_length, 1000 * (link.mean or 0.0) if link else 0.0,
+        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round, "
+                 "free drafts %d/%d accepted in %d rounds; link rtt %.1f ms (jitter %.1f), verifier queue %.2f",
+                 session_id, new, seconds, new / seconds, rounds.acceptance_rate, rounds.mean_accepted_length,
+                 rounds.free_accepted, rounds.free_drafted, rounds.free_rounds, 1000 * (link.mean or 0.0) if link else 0.0,
                  1000 * link.jitter if link else 0.0, telemetry.queue_ema)
         self.metrics.generation(finish_reason, new, seconds - prefill)
         trace.get_current_span().set_attributes({   # the service's span of this call
@@ -291,7 +309,8 @@ class Generations:
             lossy=params.relaxation.lossy,
             drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters)),
             stop_sequence=cutter.matched or "", offered_at_depth=list(rounds.offered_at_depth),
-            accepted_at_depth=list(rounds.accepted_at_depth))
+            accepted_at_depth=list(rounds.accepted_at_depth), free_rounds=rounds.free_rounds,
+            free_drafted_tokens=rounds.free_drafted, free_accepted_tokens=rounds.free_accepted)
 
     async def _validate(self, request: GenerationRequest) -> _Plan:
         config = self.config

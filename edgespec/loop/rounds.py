@@ -32,6 +32,7 @@ from typing import AsyncIterator, Iterator, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from edgespec.control.goodput import best_window
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, WindowPolicy
@@ -83,6 +84,20 @@ class VerifierPort(Protocol):
     async def close(self, session_id: str) -> None: ...
 
 
+class FreeProposal(Protocol):
+    """A free draft (edgespec.backends.suffix.Proposal): tokens and the estimated acceptance of each."""
+    tokens: tuple[int, ...]          # [L] proposed ids
+    confidence: tuple[float, ...]    # [L] acceptance of each given the ones before it
+    def prefix(self, length: int) -> "FreeProposal": ...
+
+
+class FreeDrafts(Protocol):
+    """A drafter that costs nothing and runs in the coordinator's process (edgespec.backends.suffix): asked
+    every round, it proposes what the session's text continues, or nothing."""
+    def propose(self, committed: Sequence[int], limit: int) -> FreeProposal: ...
+    def observe(self, proposal: FreeProposal, accepted: int) -> None: ...
+
+
 class RoundSink(Protocol):
     """Where committed rounds are counted: the coordinator's metrics, the simulator's records."""
     def round(self, sample: RoundSample) -> None: ...
@@ -94,7 +109,7 @@ class Rounds:
     def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
                  metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0,
-                 cloud_draft: str = "off"):
+                 cloud_draft: str = "off", free: FreeDrafts | None = None):
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
@@ -120,6 +135,9 @@ class Rounds:
         self.drafter_refusals = 0   # RESOURCE_EXHAUSTED answers from the drafter in a row (the backoff grows)
         self.open_seconds = 0.0     # spent (re)opening the drafter session so far, seconds
         self.next_seq = 0
+        # free drafts (lossless sessions): proposed every round, sent when they pay by the measured costs
+        self.free = free if free is not None and params.sampler != "coupled" and not params.relaxation.lossy else None
+        self._free_sent: tuple[int, FreeProposal] | None = None   # (window seq, proposal) of the free window in flight
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
                parent: int | None = None, parents: Sequence[int] = ()) -> Window:
@@ -131,6 +149,27 @@ class Rounds:
         limit = min(SELF_DRAFT_TOKENS, self.session.remaining - 1)
         self.next_seq += 1
         return Window(self.next_seq - 1, self.session.position, (), (), self.fingerprint, self_draft=max(0, limit))
+
+    def free_window(self) -> tuple[Window, float] | None:
+        """A window of free draft tokens and the seconds proposing took, if one pays: the prefix of the proposal
+        that maximises expected tokens per second by the measured costs (edgespec.control.goodput, drafting
+        costed at 0), none when target-only does better. Tokens from an EOS on are never sent (the verifier
+        would reject an EOS draft and emit it itself)."""
+        limit = self.session.clamp_window(self.max_draft)
+        if self.free is None or limit <= 0:
+            return None
+        started = now()
+        proposal = self.free.propose(self.session.committed, limit)
+        eos = next((i for i, t in enumerate(proposal.tokens) if t in self.session.eos_ids), len(proposal.tokens))
+        t = self.telemetry
+        length = best_window(proposal.confidence[:eos], 0.0, t.link_stats().mean or 0.0,
+                             lambda k: max(1e-6, t.verify_estimate(k)), eos) if eos else 0
+        if length == 0:
+            return None
+        proposal = proposal.prefix(length)
+        window = self.window(self.session.position, proposal.tokens, None)
+        self._free_sent = (window.seq, proposal)
+        return window, now() - started
 
     def start_round(self, optimistic: bool = False) -> Span:
         """The span of one window's round, child of the current span (the generation); not made current."""
@@ -247,31 +286,37 @@ class Rounds:
         the session's stats, the telemetry (before the policy, which may read it), the metrics, the round's
         span, the window policy and the drafter port. Call it with the round's span current."""
         session = self.session
+        free = self._free_sent[1] if self._free_sent is not None and self._free_sent[0] == window.seq else None
         chain = next((i for i, p in enumerate(window.parents) if p != i - 1), len(window.draft))
         sample = RoundSample(chain, verdict.accepted, draft_seconds, verify_wall_seconds,
                              verdict.verify_compute_seconds, verdict.queue_depth, verdict.verifier,
                              target_logprob=verdict.target_logprob, batch_windows=verdict.batch_windows,
                              batch_tokens=verdict.batch_tokens, siblings=len(window.draft) - chain,
                              took_sibling=bool(window.draft) and any(i >= chain for i in verdict.path),
-                             self_drafted=verdict.self_drafted, draft_catchup=self.catchup if window.draft else 0)
+                             self_drafted=verdict.self_drafted,
+                             draft_catchup=self.catchup if window.draft and free is None else 0, free=free is not None)
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
             "edgespec.queue_depth": sample.queue_depth, "edgespec.verifier": sample.link,
             "edgespec.tree_siblings": sample.siblings, "edgespec.took_sibling": sample.took_sibling,
-            "edgespec.self_drafted": sample.self_drafted})
+            "edgespec.self_drafted": sample.self_drafted, "edgespec.free_draft": sample.free})
         with tracer().start_as_current_span("commit"):
             position = len(session.generated)
             tokens = session.commit(window.draft, verdict)
-            if not window.draft:
+            if not window.draft or free is not None:
                 self.undrafted += len(tokens)
             session.stats.record(sample)
             self.telemetry.record(sample)
             if self.metrics is not None:
                 self.metrics.round(sample)
-            self.policy.observe(sample)
-            if window.draft:
-                self.drafter.observe(window.draft, sample)   # a routed drafter learns from its verdicts
+            if free is not None:   # the drafter and its window policy learn from their own windows only
+                self._free_sent = None
+                self.free.observe(free, verdict.accepted)
+            else:
+                self.policy.observe(sample)
+                if window.draft:
+                    self.drafter.observe(window.draft, sample)   # a routed drafter learns from its verdicts
             return Chunk(tokens, position)
 
     async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:

@@ -22,6 +22,9 @@ class RoundStats:
     optimistic_windows: int = 0  # pipelining: windows drafted ahead and sent before the previous verdict
     optimistic_hits: int = 0     # of those, the ones whose assumption held (verified, not discarded)
     degraded: int = 0            # times no verifier was reachable and unverified drafting began
+    free_rounds: int = 0         # rounds whose window was a free draft (the coordinator's suffix drafter)
+    free_drafted: int = 0        # ... their draft tokens (counted in drafted too)
+    free_accepted: int = 0       # ... of those, accepted (counted in accepted too)
     target_logprob: float = 0.0  # sum of the target's T=1 log-probabilities of the verified tokens (nats)
     # Acceptance by depth: [d - 1] = rounds whose window offered a token at depth d (an edge window: its chain of
     # k; a self-drafted one: unknown to the coordinator, not counted), and rounds whose accepted path reached it.
@@ -33,6 +36,10 @@ class RoundStats:
         self.rounds += 1
         self.drafted += sample.k + sample.siblings + sample.self_drafted   # runner-ups and the verifier's own too
         self.accepted += sample.accepted
+        if sample.free:
+            self.free_rounds += 1
+            self.free_drafted += sample.k
+            self.free_accepted += sample.accepted
         self.draft_seconds += sample.draft_seconds
         self.verify_wall_seconds += sample.verify_wall_seconds
         self.target_logprob += sample.target_logprob

@@ -30,12 +30,12 @@ from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
 from edgespec.errors import Unavailable
 from edgespec.loop.pipelining import pipelined
-from edgespec.loop.rounds import Chunk, DrafterPort, RoundSink, Rounds, VerifierPort, draft_window, now
+from edgespec.loop.rounds import Chunk, DrafterPort, FreeDrafts, RoundSink, Rounds, VerifierPort, draft_window, now
 from edgespec.loop.session import SessionLog
 from edgespec.verify.sampling import SamplingParams
 from edgespec.verify.window import Window
 
-__all__ = ["Chunk", "DrafterPort", "RoundSink", "VerifierPort", "Window", "speculate"]
+__all__ = ["Chunk", "DrafterPort", "FreeDrafts", "RoundSink", "VerifierPort", "Window", "speculate"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
                     policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
                     telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
-                    max_draft: int = 16, tree_depth: int = 0, cloud_draft: str = "off") -> AsyncIterator[Chunk]:
+                    max_draft: int = 16, tree_depth: int = 0, cloud_draft: str = "off",
+                    free: FreeDrafts | None = None) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -64,9 +65,13 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
     (Progressive Tree Drafting, edgespec.engines.self_draft; the edge drafter is not used), "fallback" = it
     does while the edge drafter is down, "off" = target-only rounds then. A verifier that cannot refuses the
     first such window and the session goes on without.
+    free: blocking rounds of lossless sessions: a drafter in this process that costs nothing
+    (edgespec.backends.suffix), asked every round before the policy; its proposal is sent where it pays by the
+    measured costs, and the policy's round (the drafter's window, or target-only) runs where it does not.
+    None = the policy's rounds only.
     """
     rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft,
-                    0 if pipeline else tree_depth, "off" if pipeline else cloud_draft)
+                    0 if pipeline else tree_depth, "off" if pipeline else cloud_draft, None if pipeline else free)
     loop = pipelined if pipeline else _blocking
     while session.finish_reason is None:
         try:
@@ -84,9 +89,10 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
 async def _blocking(rounds: Rounds) -> AsyncIterator[Chunk]:
     session = rounds.session
     while session.finish_reason is None:
-        k = session.clamp_window(rounds.policy.choose())
         with trace.use_span(rounds.start_round(), end_on_exit=True):
-            window, draft_seconds = await draft_window(rounds, k)
+            # a free draft that pays first; else the policy's window (asked only then: it counts its rounds)
+            window, draft_seconds = rounds.free_window() or await draft_window(
+                rounds, session.clamp_window(rounds.policy.choose()))
             started = now()
             verdict = await rounds.verify(window)
             chunk = rounds.commit(window, verdict, draft_seconds, now() - started)

@@ -58,7 +58,7 @@ class TokenChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., generated: _Optional[int] = ..., position: _Optional[int] = ..., unverified: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_wall_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter", "stop_sequence", "offered_at_depth", "accepted_at_depth")
+    __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_wall_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter", "stop_sequence", "offered_at_depth", "accepted_at_depth", "free_rounds", "free_drafted_tokens", "free_accepted_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,9 @@ class GenerationStats(_message.Message):
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     OFFERED_AT_DEPTH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_AT_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    FREE_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    FREE_DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FREE_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     new_tokens: int
     rounds: int
@@ -115,4 +118,7 @@ class GenerationStats(_message.Message):
     stop_sequence: str
     offered_at_depth: _containers.RepeatedScalarFieldContainer[int]
     accepted_at_depth: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_wall_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ..., verifier: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., seed: _Optional[int] = ..., verification: _Optional[str] = ..., failovers: _Optional[int] = ..., recovery_seconds: _Optional[float] = ..., unverified_tokens: _Optional[int] = ..., pipelined: _Optional[bool] = ..., optimistic_windows: _Optional[int] = ..., optimistic_hits: _Optional[int] = ..., target_logprob: _Optional[float] = ..., lossy: _Optional[bool] = ..., drafter: _Optional[str] = ..., stop_sequence: _Optional[str] = ..., offered_at_depth: _Optional[_Iterable[int]] = ..., accepted_at_depth: _Optional[_Iterable[int]] = ...) -> None: ...
+    free_rounds: int
+    free_drafted_tokens: int
+    free_accepted_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_wall_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ..., verifier: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., seed: _Optional[int] = ..., verification: _Optional[str] = ..., failovers: _Optional[int] = ..., recovery_seconds: _Optional[float] = ..., unverified_tokens: _Optional[int] = ..., pipelined: _Optional[bool] = ..., optimistic_windows: _Optional[int] = ..., optimistic_hits: _Optional[int] = ..., target_logprob: _Optional[float] = ..., lossy: _Optional[bool] = ..., drafter: _Optional[str] = ..., stop_sequence: _Optional[str] = ..., offered_at_depth: _Optional[_Iterable[int]] = ..., accepted_at_depth: _Optional[_Iterable[int]] = ..., free_rounds: _Optional[int] = ..., free_drafted_tokens: _Optional[int] = ..., free_accepted_tokens: _Optional[int] = ...) -> None: ...

@@ -38,6 +38,7 @@ class CoordinatorConfig:
     observability: ObservabilityConfig  # metrics endpoint, OTLP export, log format
     router_weights: str = ""   # router weights JSON; "" = the shipped ones
     http: "HttpConfig | None" = None  # the OpenAI-compatible HTTP API (--http-port); None = off
+    free_drafts: str = "suffix"  # drafts that cost nothing, asked every adaptive-window round: "suffix" | "off"
 
 
 def window_arg(text: str) -> int:
@@ -82,6 +83,13 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "(+2 after a fully accepted window, -1 otherwise) or awc (the learned adaptive window "
                              "control: an MLP over RTT, acceptance, queue and cost telemetry, smoothed and held by "
                              "hysteresis; weights in edgespec/control/awc_weights.json) (default %(default)s)")
+    parser.add_argument("--free-drafts", default="suffix", choices=["suffix", "off"],
+                        help="adaptive-window requests (greedy or lossless sampling, blocking rounds): before each "
+                             "round, look up what the text so far continues (the longest earlier occurrence of its "
+                             "last tokens, in the prompt and the output: summaries, RAG, extraction, code edits copy "
+                             "them) and send those tokens for verification when, by their measured acceptance and "
+                             "the verifier's cost per window, they pay; else the window policy's round. Costs "
+                             "microseconds and no model. off = the window policy's rounds only (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=16, help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=2048, help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=4096, help="tokens (default %(default)s)")
@@ -162,7 +170,8 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                                   a.tree_depth, a.cloud_draft)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
-                             upstream_security, observability_config(parser, a), a.router_weights, http)
+                             upstream_security, observability_config(parser, a), a.router_weights, http,
+                             a.free_drafts)
 
 
 def tree_depth(text: str) -> int:
@@ -203,6 +212,7 @@ async def main(config: CoordinatorConfig) -> None:
     from edgespec.loop.pool import VerifierPool
     from edgespec.net.security import SessionOwners, server_parts
     from edgespec.backends.assets import resolve_spec
+    from edgespec.backends.suffix import SuffixDrafter
     from edgespec.backends.tokenizer import load_tokenizer
     from edgespec.v1 import coordinator_pb2
     from services.coordinator.chat_template import ChatTemplateTokenizer
@@ -238,15 +248,17 @@ async def main(config: CoordinatorConfig) -> None:
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
     watchers.append(asyncio.ensure_future(check_vocabularies(endpoints, drafters)))   # logs a tokenizer mismatch
     owners = SessionOwners.for_security(config.security)   # generations in progress per client identity
-    servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics)
+    free_drafter = SuffixDrafter() if config.free_drafts == "suffix" else None
+    servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics,
+                                   free_drafter)
     credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
     generation = config.generation
-    log.info("drafters %s, verifiers %s, default window %s, pipelining %s, on verifier loss: %s",
+    log.info("drafters %s, verifiers %s, default window %s, free drafts %s, pipelining %s, on verifier loss: %s",
              ", ".join(f"{name}={address}" for name, address in config.drafters.items()),
              ", ".join(config.verifiers), "auto" if generation.default_window < 0 else generation.default_window,
-             "on" if generation.pipeline else "off", generation.on_verifier_loss)
+             config.free_drafts, "on" if generation.pipeline else "off", generation.on_verifier_loss)
     if generation.on_verifier_loss == "fail":   # draft-only still serves (unverified text) without a verifier
         watchers.append(asyncio.ensure_future(follow_verifier_health(
             health, [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name, ""], pool,

@@ -21,7 +21,8 @@ from edgespec.backends.tokenizer import TextStream, Tokenizer
 from edgespec.control.router import Router
 from edgespec.loop.chat import ChatMessage
 from edgespec.loop.failover import FailoverVerifier
-from edgespec.loop.generation import (GenerationConfig, GenerationRequest, Generations, GenerationStats, TextChunk)
+from edgespec.loop.generation import (FreeDrafter, GenerationConfig, GenerationRequest, Generations, GenerationStats,
+                                     TextChunk)
 from edgespec.loop.rounds import DrafterPort
 from edgespec.net.security import SessionOwners
 from edgespec.net.wire import params_from_pb
@@ -34,11 +35,12 @@ from edgespec.v1 import coordinator_pb2_grpc
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, config: GenerationConfig, tokenizer: Tokenizer, drafters: Mapping[str, DrafterPort],
                  verifier: FailoverVerifier, owners: SessionOwners | None = None, router: Router | None = None,
-                 metrics: CoordinatorMetrics | None = None):
+                 metrics: CoordinatorMetrics | None = None, free_drafter: FreeDrafter | None = None):
         """``owners``: generations in progress per client identity (the Guard's, which also limits them);
-        ``router``: picks among several drafters, fed by the generations (None with one drafter)."""
+        ``router``: picks among several drafters, fed by the generations (None with one drafter);
+        ``free_drafter``: free drafts in this process (the suffix drafter; None = off)."""
         self.generations = Generations(config, tokenizer, lambda: TextStream(tokenizer), drafters, verifier,
-                                       owners or SessionOwners(64), router, metrics)
+                                       owners or SessionOwners(64), router, metrics, free_drafter)
 
     async def Generate(self, request: pb.GenerateRequest, context):
         metadata = context.invocation_metadata()
