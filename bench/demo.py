@@ -30,7 +30,25 @@ from pathlib import Path
 from edge_client.client import generate
 from bench.cluster import REPO_ROOT, LocalCluster, ServiceFailed
 
-DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."
+# Two prompts, as users send them: one whose answer repeats the prompt (an edit: free drafts copy it), and one
+# open-ended (nothing to copy: the floor, target-only speed).
+GROUNDED_PROMPT = """Add type hints to this function. Reply with the whole function only.
+
+def moving_average(values, window):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = 0.0
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index >= window - 1:
+            averages.append(total / window)
+    return averages
+"""
+OPEN_PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."
+FLOOR = 0.98   # below this ratio to target-only, the demo says the floor failed
 
 
 async def stream(address: str, prompt: str, max_new_tokens: int, window: int, echo: bool):
@@ -64,8 +82,10 @@ def cluster_layout(backend: str, quantize: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="edgespec demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt (chat template applied)")
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate (default %(default)s)")
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="prompt (chat template applied); repeat for several (default: an edit whose answer "
+                             "repeats the prompt, and an open-ended question)")
+    parser.add_argument("--max-new-tokens", type=int, default=160, help="tokens to generate (default %(default)s)")
     parser.add_argument("--window", type=int, default=-1,
                         help="draft window k, or -1 = auto: the coordinator's goodput policy picks k each round from "
                              "the costs it measures on this machine (default %(default)s). A fixed k tuned on one CPU "
@@ -105,19 +125,44 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> None:
         print(f"   {args.backend}: verifier on CPU {cluster.verifier_cpus}, drafter and coordinator on CPU "
               f"{cluster.edge_cpus} (edge and cloud)", flush=True)
     asyncio.run(stream(cluster.coordinator.address, "warm up", 4, args.window, echo=False))
-    print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {args.prompt}\n", flush=True)
-    tokens, s = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, args.window, True))
+    for prompt in args.prompt or [GROUNDED_PROMPT, OPEN_PROMPT]:
+        show(cluster.coordinator.address, prompt, args)
+
+
+def show(address: str, prompt: str, args: argparse.Namespace) -> None:
+    """One prompt: the speculative generation streamed, then (unless --no-compare) target-only on the same
+    verifier, the ratio and why."""
+    print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {prompt.strip()}\n", flush=True)
+    tokens, s = asyncio.run(stream(address, prompt, args.max_new_tokens, args.window, True))
     print("\n")
     print(f"edgespec:     {s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
-          f"acceptance rate {s.acceptance_rate:.1%} | mean accepted length {s.mean_accepted_length:.2f} "
-          f"tokens/round | {s.rounds} rounds | finish {s.finish_reason}")
+          f"{s.rounds} target passes, {s.new_tokens / max(1, s.rounds):.2f} tokens each | finish {s.finish_reason}")
+    print(f"  why: {why(s)}")
     if args.no_compare:
         return
     print("== the same prompt, target-only (window 0: one target step per token on the same verifier)", flush=True)
-    base_tokens, b = asyncio.run(stream(cluster.coordinator.address, args.prompt, args.max_new_tokens, 0, False))
+    base_tokens, b = asyncio.run(stream(address, prompt, args.max_new_tokens, 0, False))
+    ratio = s.tokens_per_second / b.tokens_per_second
     print(f"target-only:  {b.new_tokens} tokens in {b.seconds:.2f}s = {b.tokens_per_second:.2f} tok/s")
-    print(f"speedup {s.tokens_per_second / b.tokens_per_second:.2f}x, output identical to target-only: "
-          f"{'yes' if tokens == base_tokens else 'NO'}")
+    floor = "" if ratio >= FLOOR else f" (below the {FLOOR}x floor: speculation cost more than it saved here)"
+    print(f"speedup {ratio:.2f}x{floor}, output identical to target-only: "
+          f"{'yes' if tokens == base_tokens else 'NO'}\n", flush=True)
+
+
+def why(s) -> str:
+    """Which drafter drafted and how it went, in one line."""
+    model_drafted = s.drafted_tokens - s.free_drafted_tokens
+    model_accepted = s.accepted_tokens - s.free_accepted_tokens
+    parts = []
+    if s.free_rounds:
+        parts.append(f"free drafts (copied from the prompt and output) in {s.free_rounds} passes, "
+                     f"{s.free_accepted_tokens}/{s.free_drafted_tokens} tokens accepted")
+    if model_drafted:
+        parts.append(f"draft model {s.drafter!r}: {model_accepted}/{model_drafted} tokens accepted")
+    if not parts:
+        return ("nothing drafted: the text had nothing to copy, and by the measured costs the draft model "
+                "cannot pay on this machine, so every pass was a target-only step")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ SUITES = {
     "speed": _bench("bench.bench", "edgespec vs target-only greedy and HF assisted generation on the torch pair (JSON + markdown)"),
     "llamacpp": _bench("bench.bench_llamacpp", "edgespec on llama.cpp vs llama.cpp target-only and its own speculative decoding: shared cores, and edge/cloud on separate cores over an emulated link", SERVE + ("llama_cpp",)),
     "vllm": _bench("bench.bench_vllm", "the verifier on vLLM vs vLLM target-only, vLLM's own speculative decoding with the draft model, and the torch verifier (needs the vLLM environment: bash scripts/vllm_env.sh)"),
+    "free-drafts": _bench("bench.bench_free_drafts", "free drafts (the coordinator's suffix drafter) per Spec-Bench category, modelled from the default target's own outputs and its measured cost curve: passes, acceptance, decode speedup and its ceiling", SERVE + ("llama_cpp",)),
+    "floor": _bench("bench.bench_floor", "the default vs the same services at window 0, prompt by prompt on Spec-Bench and the demo's prompts: decode rate, end-to-end and TTFT ratios per category, free drafts, identical outputs", SERVE + ("llama_cpp",)),
     "exactness": _bench("bench.llama_exactness", "is edgespec on llama.cpp llama.cpp's own greedy output? every prompt, window, drafter and many sessions at once, through the real services", SERVE + ("llama_cpp",)),
     "invariance": _bench("bench.llama_invariance", "llama.cpp's batch invariance by setting: the row count n* up to which a batch's logits equal one-token decodes, and what each setting costs", SERVE + ("llama_cpp",)),
     "wan": _bench("bench.bench_wan", "blocking vs pipelined speculation vs cloud-only over an emulated WAN link (RTT 0/20/50/100 ms)"),

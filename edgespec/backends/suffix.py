@@ -9,8 +9,9 @@ enough it proposes nothing (the round is target-only), never a filler guess.
 
 Each token's confidence is the probability, as measured in this deployment, that the target accepts a
 token drafted after a match of that length (an EMA per match-length bucket, shared by the coordinator's
-sessions: SuffixDrafter holds it, each session starts from it and gives its verdicts back), times the
-share of the match's earlier occurrences that the token followed. The caller weighs those confidences
+sessions: SuffixDrafter holds it, each session starts from it and gives its verdicts back; while a
+bucket's proposals are declined it drifts back toward its prior, so that it gets measured again), times
+the share of the match's earlier occurrences that the token followed. The caller weighs those confidences
 against what a window costs (edgespec.control.goodput) and sends the prefix that pays, or none.
 
 Pure: no I/O, no models. The index is synced to the committed tokens by longest common prefix, like a
@@ -25,9 +26,14 @@ from typing import Sequence
 from edgespec.verify.greedy import common_prefix_length
 
 # Acceptance before any verdict, by match-length bucket (1, 2, 3, 4, 5-7, 8+ tokens matched): a match
-# of one or two tokens is chance in most text, a long one is a copy. Measured verdicts replace them.
-PRIOR_ACCEPTANCE = (0.15, 0.3, 0.45, 0.6, 0.7, 0.8)
+# of one or two tokens is chance in most text, a long one is a copy (tuned on recorded outputs of the default
+# target for 28 Spec-Bench and demo prompts: bench/bench_free_drafts.py). Measured verdicts replace them.
+PRIOR_ACCEPTANCE = (0.2, 0.45, 0.6, 0.7, 0.8, 0.9)
 RECENT_OCCURRENCES = 64   # occurrences of a suffix counted for its continuation: the most recent ones
+# Per proposal declined (not sent: it would not pay by the estimate), its first token's bucket moves this far
+# back toward its prior: an estimate that fell below what pays is never measured again otherwise, and copies
+# come and go within a text (a bucket at 0.3 under a prior of 0.8 is tried again after ~35 declined proposals).
+DECLINED_DRIFT = 0.02
 
 
 def bucket(matched: int) -> int:
@@ -109,6 +115,12 @@ class SuffixSession:
             b = bucket(length)
             self.acceptance[b] = (1 - s) * self.acceptance[b] + s * (1.0 if i < accepted else 0.0)
             self.judged[b] += 1
+
+    def declined(self, proposal: Proposal) -> None:
+        """A proposal the caller did not send: its first token's bucket drifts back toward the prior."""
+        if proposal.matched:
+            b = bucket(proposal.matched[0])
+            self.acceptance[b] += DECLINED_DRIFT * (PRIOR_ACCEPTANCE[b] - self.acceptance[b])
 
     def _continue(self, ahead: Sequence[int]) -> tuple[int, float, int] | None:
         """(the token that most often followed the longest matching suffix of the text + ``ahead``, the share of

@@ -27,7 +27,7 @@ import logging
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Protocol, Sequence
+from typing import AsyncIterator, Collection, Iterator, Protocol, Sequence
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
@@ -96,6 +96,8 @@ class FreeDrafts(Protocol):
     every round, it proposes what the session's text continues, or nothing."""
     def propose(self, committed: Sequence[int], limit: int) -> FreeProposal: ...
     def observe(self, proposal: FreeProposal, accepted: int) -> None: ...
+    def declined(self, proposal: FreeProposal) -> None:
+        """A proposal that was not sent (it would not pay by its estimate)."""
 
 
 class RoundSink(Protocol):
@@ -151,22 +153,14 @@ class Rounds:
         return Window(self.next_seq - 1, self.session.position, (), (), self.fingerprint, self_draft=max(0, limit))
 
     def free_window(self) -> tuple[Window, float] | None:
-        """A window of free draft tokens and the seconds proposing took, if one pays: the prefix of the proposal
-        that maximises expected tokens per second by the measured costs (edgespec.control.goodput, drafting
-        costed at 0), none when target-only does better. Tokens from an EOS on are never sent (the verifier
-        would reject an EOS draft and emit it itself)."""
+        """A window of free draft tokens and the seconds proposing took, if one pays (pick_free_draft)."""
         limit = self.session.clamp_window(self.max_draft)
         if self.free is None or limit <= 0:
             return None
         started = now()
-        proposal = self.free.propose(self.session.committed, limit)
-        eos = next((i for i, t in enumerate(proposal.tokens) if t in self.session.eos_ids), len(proposal.tokens))
-        t = self.telemetry
-        length = best_window(proposal.confidence[:eos], 0.0, t.link_stats().mean or 0.0,
-                             lambda k: max(1e-6, t.verify_estimate(k)), eos) if eos else 0
-        if length == 0:
+        proposal = pick_free_draft(self.free, self.session.committed, self.session.eos_ids, self.telemetry, limit)
+        if proposal is None:
             return None
-        proposal = proposal.prefix(length)
         window = self.window(self.session.position, proposal.tokens, None)
         self._free_sent = (window.seq, proposal)
         return window, now() - started
@@ -365,6 +359,29 @@ class Rounds:
         log.info("session %s: a verifier is back; verified output resumes at position %d",
                  self.session_id, self.session.position)
         return True
+
+
+def pick_free_draft(free: FreeDrafts, committed: Sequence[int], eos_ids: Collection[int], telemetry: Telemetry,
+                    limit: int) -> FreeProposal | None:
+    """What to send of the free drafter's proposal after ``committed``: the prefix that maximises expected tokens
+    per second by the measured costs (edgespec.control.goodput: its confidences as acceptance, drafting costed at
+    0, the link's round trip and the verifier's forward time by window), or None when a target-only round does
+    better (the proposal is then declined). At most ``limit`` tokens, and no longer than a window whose cost is
+    known (the verifier's profile, or measured in rounds): past it the cost would be extrapolated, and a long copy
+    guessed cheap where it is not. Tokens from an EOS on are never sent (the verifier would reject an EOS draft
+    and emit it itself)."""
+    t = telemetry
+    costed = max(max(t.profile, default=0) - 1, max(t.verify_compute, default=0))
+    proposal = free.propose(committed, min(limit, costed or limit))
+    usable = next((i for i, token in enumerate(proposal.tokens) if token in eos_ids), len(proposal.tokens))
+    if not usable:
+        return None
+    length = best_window(proposal.confidence[:usable], 0.0, t.link_stats().mean or 0.0,
+                         lambda k: max(1e-6, t.verify_estimate(k)), usable)
+    if length == 0:
+        free.declined(proposal)
+        return None
+    return proposal.prefix(length)
 
 
 async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:

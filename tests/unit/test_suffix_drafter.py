@@ -171,3 +171,24 @@ def test_coupled_sampling_gets_no_free_drafts():
     params = SamplingParams(temperature=0.8, seed=3, coupled=True)
     session = run(repeating_prompt(), 24, -1, SuffixDrafter().session(), params)
     assert session.stats.free_rounds == 0
+
+
+# -- the free-drafts bench's replay: the coordinator's decision over a recorded output ----------------------
+
+def test_replay_of_a_copied_output_beats_target_only_and_stays_under_its_ceiling():
+    from bench.bench_free_drafts import replay
+
+    profile = {n: 1.0 + (n - 1) / 2 for n in range(1, 10)}   # this CPU's c(n): a pass over n costs 1 + (n-1)/2
+    body = list(range(100, 160))
+    prompt, output = [1, 2] + body + [3], body + [7]         # the answer repeats the prompt's text
+    row = replay(prompt, output, SuffixDrafter(), profile, {7}, limit=16)
+    assert row["tokens"] == len(output) and row["passes"] < len(output)
+    assert row["free_accepted"] > 0 and 1.0 < row["speedup"] <= row["ceiling"]
+
+
+def test_replay_of_an_output_with_nothing_to_copy_is_target_only():
+    from bench.bench_free_drafts import replay
+
+    profile = {n: 1.0 + (n - 1) / 2 for n in range(1, 10)}
+    row = replay([1, 2, 3], list(range(100, 140)), SuffixDrafter(), profile, {7}, limit=16)
+    assert (row["passes"], row["free_windows"], row["speedup"], row["ceiling"]) == (40, 0, 1.0, 1.0)

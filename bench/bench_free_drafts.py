@@ -1,0 +1,166 @@
+"""`edgespec bench free-drafts`: what free drafts (the coordinator's suffix drafter) give on this machine, per
+Spec-Bench category, from the default target's own outputs.
+
+1. Records llama.cpp target-only greedy outputs (in process, one token per decode) for the first turns of
+   Spec-Bench questions (``--per-category`` of each of its 13 categories), three of our code edits and the
+   demo's two prompts, through the chat template.
+2. Measures the target's forward cost c(n) for n = 1..9 tokens here, as the verifier does at its start, with
+   the verifier's settings by ``--exact`` and ``--threads``.
+3. Replays each output through the coordinator's own decision (edgespec.loop.rounds.pick_free_draft over the
+   shipped SuffixDrafter, one drafter for all prompts as in a coordinator, costed by that c(n)): the passes it
+   takes, the free windows, and the modelled decode speedup over target-only, tokens / sum of c(window + 1)
+   over the passes. Beside it the ceiling of the same proposals: every one's accepted prefix sent, nothing
+   rejected.
+
+Modelled, not timed: it says what the decision can reach from measured costs and real outputs, in minutes and
+with no services. The services' own speed, wire and scheduling included, is the demo's and `bench llamacpp`'s.
+Outputs: JSON rows and a markdown table (``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import time
+
+from bench.report import track
+from bench.spec_bench import add_prompt_args, bench_prompts, check_prompt_args, geomean, write
+
+log = logging.getLogger("bench.bench_free_drafts")
+
+def replay(prompt: list[int], output: list[int], drafter, profile: dict[int, float], eos_ids, limit: int) -> dict:
+    """One output through pick_free_draft, and the ceiling of the same proposals. Steps are c(n) / c(1)."""
+    from edgespec.control.telemetry import Telemetry
+    from edgespec.loop.rounds import pick_free_draft
+
+    telemetry = Telemetry(profile=dict(profile))
+    step = lambda tokens: profile[tokens] / profile[1]   # noqa: E731
+    session = drafter.session()
+    position = passes = free = drafted = accepted = 0
+    steps = 0.0
+    while position < len(output):
+        remaining = len(output) - position - 1
+        picked = pick_free_draft(session, prompt + output[:position], eos_ids, telemetry, min(limit, remaining)) \
+            if remaining else None
+        n = 0
+        if picked is not None:
+            n = _matching(picked.tokens, output[position:])
+            session.observe(picked, n)
+            free, drafted, accepted = free + 1, drafted + len(picked.tokens), accepted + n
+        steps += step(len(picked.tokens) + 1 if picked else 1)
+        passes += 1
+        position += n + 1
+    drafter.absorb(session)
+    return {"tokens": len(output), "passes": passes, "free_windows": free, "free_drafted": drafted,
+            "free_accepted": accepted, "speedup": len(output) / steps,
+            "ceiling": len(output) / ceiling_steps(prompt, output, drafter, profile, eos_ids)}
+
+
+def ceiling_steps(prompt: list[int], output: list[int], drafter, profile: dict[int, float], eos_ids) -> float:
+    """Steps if of every proposal just its right tokens were sent (the prefix of them that commits the most per
+    step) and nothing wrong ever was: the most the decision could reach with these proposals and this c(n)."""
+    session, position, steps = drafter.session(), 0, 0.0
+    while position < len(output):
+        remaining = len(output) - position - 1
+        raw = session.propose(prompt + output[:position], min(remaining, max(profile) - 1)) if remaining else None
+        tokens = raw.tokens if raw else ()
+        usable = next((i for i, token in enumerate(tokens) if token in eos_ids), len(tokens))
+        right = _matching(tokens[:usable], output[position:])
+        # the prefix of the right tokens that commits the most per step (all of them, unless c(n) is steep)
+        n = max(range(right + 1), key=lambda m: (m + 1) * profile[1] / profile[m + 1])
+        steps += profile[n + 1] / profile[1]
+        position += n + 1
+    return steps
+
+
+def _matching(draft, output) -> int:
+    n = 0
+    while n < len(draft) and n < len(output) and draft[n] == output[n]:
+        n += 1
+    return n
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    categories = list(dict.fromkeys(row["category"] for row in rows))
+    table = []
+    for category in categories + ["all"]:
+        mine = [r for r in rows if category in ("all", r["category"])]
+        table.append({"category": category, "prompts": len(mine), "tokens": sum(r["tokens"] for r in mine),
+                      "passes": sum(r["passes"] for r in mine), "free_windows": sum(r["free_windows"] for r in mine),
+                      "free_accepted": sum(r["free_accepted"] for r in mine),
+                      "free_drafted": sum(r["free_drafted"] for r in mine),
+                      "speedup": geomean([r["speedup"] for r in mine]),
+                      "ceiling": geomean([r["ceiling"] for r in mine])})
+    return table
+
+
+def markdown(result: dict) -> str:
+    curve = result["cost_curve"]
+    lines = [f"# Free drafts, modelled from real outputs ({result['date']})", "",
+             f"Machine: {result['machine']}. Target: {result['target']}, {result['args']['threads']} thread(s), "
+             f"{result['settings']}. {result['args']['tokens']} new tokens per prompt, greedy, chat template.", "",
+             "c(n), a pass over n tokens in one-token steps: "
+             + ", ".join(f"{n}: {s / curve['1']:.2f}" for n, s in curve.items()), "",
+             "| category | prompts | tokens/pass | free windows | accepted / drafted | modelled decode speedup | ceiling |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["table"]:
+        lines.append(f"| {row['category']} | {row['prompts']} | {row['tokens'] / row['passes']:.2f} | "
+                     f"{row['free_windows']} | {row['free_accepted']}/{row['free_drafted']} | "
+                     f"{row['speedup']:.2f}x | {row['ceiling']:.2f}x |")
+    lines += ["", f"Rerun: `{result['command']}`", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="edgespec bench free-drafts", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompt_args(parser, per_category=2)
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default %(default)s)")
+    parser.add_argument("--exact", default="auto", choices=["auto", "on", "off"],
+                        help="llama.cpp exact mode, as the verifier's --exact (default %(default)s)")
+    args = parser.parse_args(argv)
+    check_prompt_args(parser, args)
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from bench.bench_llamacpp import references
+    from edgespec.backends import llamacpp
+    from edgespec.backends.assets import resolve_spec
+    from edgespec.backends.suffix import SuffixDrafter
+    from edgespec.backends.tokenizer import load_tokenizer
+    from edgespec.engines.profile import describe, forward_profile
+    from services.coordinator.chat_template import ChatTemplateTokenizer
+
+    texts = bench_prompts(args.prompts_file, args.per_category)
+    tokenizer = ChatTemplateTokenizer(load_tokenizer(resolve_spec("target")))
+    prompts = [tokenizer.encode(text, True) for _, text in texts]
+    exact = llamacpp.exact_settings(args.exact, args.threads)
+    lm = llamacpp.load("target", threads=args.threads, exact=exact)
+    profile = forward_profile(lm, 9)
+    eos_ids = frozenset(lm.eos_ids())
+    settings = (exact or llamacpp.LlamaExact()).describe()
+    lm.close()
+    log.info("forward cost by tokens fed: %s", describe(profile))
+    log.info("recording target-only outputs of %d prompts (%d tokens each)", len(prompts), args.tokens)
+    started = time.perf_counter()
+    refs = references(prompts, args.tokens, args.threads)
+    log.info("recorded in %.0f s", time.perf_counter() - started)
+
+    drafter = SuffixDrafter()
+    rows = []
+    for (category, text), prompt, ref in track(list(zip(texts, prompts, refs)), "replaying"):
+        row = replay(prompt, ref["tokens"], drafter, profile, eos_ids, limit=16)
+        rows.append({"category": category, "prompt": text[:80], **row})
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
+              f"{len(os.sched_getaffinity(0))} CPUs", "target": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+              "settings": settings, "args": {k: str(v) for k, v in vars(args).items()},
+              "cost_curve": {str(n): s for n, s in profile.items()}, "rows": rows, "table": summarise(rows),
+              "command": "edgespec bench free-drafts " + " ".join(argv if argv is not None else sys.argv[1:])}
+    write(result, markdown(result), args.out)
+
+
+if __name__ == "__main__":
+    main()
