@@ -49,7 +49,17 @@ def test_environment_overrides_defaults_and_flags_override_environment(monkeypat
     assert coordinator_args(["--window", "auto"]).generation.default_window == -1
 
 
+def test_free_drafts_default_on_and_can_be_turned_off(monkeypatch):
+    assert coordinator_args([]).free_drafts == "suffix"
+    assert coordinator_args(["--free-drafts", "off"]).free_drafts == "off"
+    monkeypatch.setenv("EDGESPEC_COORDINATOR_FREE_DRAFTS", "off")
+    assert coordinator_args([]).free_drafts == "off"
+    assert coordinator_args(["--free-drafts", "suffix"]).free_drafts == "suffix"
+
+
 def test_bad_flag_values_exit_with_usage():
+    with pytest.raises(SystemExit):
+        coordinator_args(["--free-drafts", "ngram"])
     with pytest.raises(SystemExit):
         coordinator_args(["--window", "-3"])
     with pytest.raises(SystemExit):
@@ -110,6 +120,7 @@ BAD_ENVIRONMENT = [
     ("services.coordinator", "EDGESPEC_COORDINATOR_DEADLINE", "1m"),      # float
     ("services.coordinator", "EDGESPEC_COORDINATOR_WINDOW", "-3"),        # custom type
     ("services.coordinator", "EDGESPEC_COORDINATOR_LOG_FORMAT", "xml"),   # choice
+    ("services.coordinator", "EDGESPEC_COORDINATOR_FREE_DRAFTS", "yes"),  # choice
 ]
 
 

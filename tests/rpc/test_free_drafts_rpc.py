@@ -1,0 +1,32 @@
+"""Free drafts through the real services: the coordinator's suffix drafter sends what the text repeats, over
+gRPC to a real verifier, and the output stays the target's own."""
+from bench.cluster import LocalCluster
+from tests.streams import generated
+from tests.tiny import target_only_greedy
+
+TARGET, DRAFT = "tiny:3", "tiny:3~5"
+REPETITIVE = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor"
+
+
+def collect(address, prompt, max_new, window, **sampling):
+    return generated(address, prompt, max_new, window, chat=False, timeout_seconds=300, **sampling)
+
+
+def test_free_drafts_over_grpc_give_target_only_output_and_stay_off_where_asked(tmp_path):
+    reference = target_only_greedy(TARGET, list(REPETITIVE.encode()), 48)
+    with LocalCluster(tmp_path, verifier_args=["--model", TARGET], drafter_args=["--model", DRAFT],
+                      coordinator_args=["--tokenizer", "bytes"]) as cluster:
+        tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, -1)
+        assert tokens == reference
+        assert stats.free_rounds > 0 and stats.free_drafted_tokens >= stats.free_rounds
+        assert stats.free_accepted_tokens <= stats.accepted_tokens and stats.free_drafted_tokens <= stats.drafted_tokens
+        tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 0)     # window 0: target-only
+        assert tokens == reference and stats.free_rounds == 0 and stats.drafted_tokens == 0
+        tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 3)     # a fixed window: the drafter's
+        assert tokens == reference and stats.free_rounds == 0
+        _, stats = collect(cluster.coordinator.address, REPETITIVE, 32, -1, temperature=0.8, seed=5)
+        assert stats.verification == "lossless-sampling" and stats.new_tokens == 32
+    with LocalCluster(tmp_path / "off", verifier_args=["--model", TARGET], drafter_args=["--model", DRAFT],
+                      coordinator_args=["--tokenizer", "bytes", "--free-drafts", "off"]) as cluster:
+        tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, -1)
+        assert tokens == reference and stats.free_rounds == 0
