@@ -98,10 +98,11 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     curve = result["cost_curve"]
+    given = result["args"]["cost_curve"]
     lines = [f"# Free drafts, modelled from real outputs ({result['date']})", "",
              f"Machine: {result['machine']}. Target: {result['target']}, {result['args']['threads']} thread(s), "
              f"{result['settings']}. {result['args']['tokens']} new tokens per prompt, greedy, chat template.", "",
-             "c(n), a pass over n tokens in one-token steps: "
+             f"c(n), a pass over n tokens in one-token steps ({'given' if given else 'measured here'}): "
              + ", ".join(f"{n}: {s / curve['1']:.2f}" for n, s in curve.items()), "",
              "| category | prompts | tokens/pass | free windows | accepted / drafted | modelled decode speedup | ceiling |",
              "|---|---|---|---|---|---|---|"]
@@ -118,12 +119,22 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_prompt_args(parser, per_category=2)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default %(default)s)")
+    parser.add_argument("--cost-curve", default="",
+                        help="c(1),c(2),...: a pass over n tokens in one-token steps, to model another machine's "
+                             "verifier instead of measuring this one's (e.g. 1,1.53,1.86,1.67,2.13 as a Sapphire Rapids "
+                             "VM measured it); at least two values, c(1) = 1")
     parser.add_argument("--exact", default="auto", choices=["auto", "on", "off"],
                         help="llama.cpp exact mode, as the verifier's --exact (default %(default)s)")
     args = parser.parse_args(argv)
     check_prompt_args(parser, args)
     if args.threads < 1:
         parser.error("--threads must be >= 1")
+    try:
+        curve = [float(x) for x in args.cost_curve.split(",")] if args.cost_curve else []
+    except ValueError:
+        parser.error(f"--cost-curve: expected numbers separated by commas, got {args.cost_curve!r}")
+    if curve and (len(curve) < 2 or curve[0] != 1.0 or min(curve) <= 0):
+        parser.error(f"--cost-curve: need c(1) = 1 and at least c(2), all positive; got {args.cost_curve!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from bench.bench_llamacpp import references
@@ -139,11 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [tokenizer.encode(text, True) for _, text in texts]
     exact = llamacpp.exact_settings(args.exact, args.threads)
     lm = llamacpp.load("target", threads=args.threads, exact=exact)
-    profile = forward_profile(lm, 9)
+    profile = {n: seconds for n, seconds in enumerate(curve, 1)} if curve else forward_profile(lm, 9)
     eos_ids = frozenset(lm.eos_ids())
     settings = (exact or llamacpp.LlamaExact()).describe()
     lm.close()
-    log.info("forward cost by tokens fed: %s", describe(profile))
+    log.info("forward cost by tokens fed (%s): %s", "as given" if curve else "measured", describe(profile))
     log.info("recording target-only outputs of %d prompts (%d tokens each)", len(prompts), args.tokens)
     started = time.perf_counter()
     refs = references(prompts, args.tokens, args.threads)
