@@ -12,7 +12,6 @@ Outputs: a markdown table on stdout, JSON rows and the table with ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
@@ -26,7 +25,7 @@ from pathlib import Path
 from bench.cluster import LocalCluster
 from bench.demo import cluster_layout
 from bench.report import track
-from bench.spec_bench import add_prompt_args, bench_prompts, check_prompt_args, geomean, write
+from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser, write
 
 log = logging.getLogger("bench.floor")
 
@@ -88,9 +87,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench floor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_prompt_args(parser, per_category=1)
+    parser = prompt_parser("edgespec bench floor", __doc__, per_category=1)
     parser.add_argument("--floor", type=float, default=0.98, help="ratio below which a row is marked (default %(default)s)")
     args = parser.parse_args(argv)
     check_prompt_args(parser, args)

@@ -18,7 +18,6 @@ Outputs: JSON rows and a markdown table (``--out``).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import platform
@@ -26,7 +25,7 @@ import sys
 import time
 
 from bench.report import track
-from bench.spec_bench import add_prompt_args, bench_prompts, check_prompt_args, geomean, write
+from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser, write
 
 log = logging.getLogger("bench.bench_free_drafts")
 
@@ -115,9 +114,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="edgespec bench free-drafts", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_prompt_args(parser, per_category=2)
+    parser = prompt_parser("edgespec bench free-drafts", __doc__, per_category=2)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default %(default)s)")
     parser.add_argument("--cost-curve", default="",
                         help="c(1),c(2),...: a pass over n tokens in one-token steps, to model another machine's "

@@ -15,13 +15,17 @@ SPEC_BENCH = REPO_ROOT / "data" / "spec_bench" / "question.jsonl"
 CODE_EDITS = [text for text in CODE if "\n\n" in text][:3]   # edits of given code: the answer repeats the prompt
 
 
-def add_prompt_args(parser: argparse.ArgumentParser, per_category: int) -> None:
+def prompt_parser(prog: str, description: str, per_category: int) -> argparse.ArgumentParser:
+    """A bench's parser with the prompt set's flags: --prompts-file, --per-category, --tokens, --out."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts-file", type=Path, default=SPEC_BENCH,
                         help="JSONL questions {\"category\", \"turns\"} (default: Spec-Bench's, shipped in data/)")
     parser.add_argument("--per-category", type=int, default=per_category,
                         help="questions of each category (default %(default)s)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per generation (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write JSON here and markdown beside it (.md)")
+    return parser
 
 
 def check_prompt_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
