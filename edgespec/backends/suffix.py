@@ -142,7 +142,12 @@ class SuffixSession:
 
     def _sync(self, committed: Sequence[int]) -> None:
         index = self._index
-        keep = common_prefix_length(index.tokens, committed)
+        known = len(index.tokens)
+        # the round loop only appends: compare the known part in one C-level list comparison, not token by token
+        if known <= len(committed) and list(committed[:known]) == index.tokens:
+            keep = known
+        else:
+            keep = common_prefix_length(index.tokens, committed)
         while len(index.tokens) > keep:   # positions were appended in order: each is its n-grams' last entry
             end = len(index.tokens)
             for n in range(1, min(self.max_ngram, end) + 1):

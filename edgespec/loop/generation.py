@@ -34,7 +34,7 @@ from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailabl
 from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.routed_drafter import RoutedDrafter
-from edgespec.loop.rounds import CLOUD_DRAFT_MODES, DrafterPort, FreeDrafts
+from edgespec.loop.rounds import CLOUD_DRAFT_MODES, DrafterPort, FreeDraftSession
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.loop.stops import StopCutter, check_stops
@@ -160,8 +160,8 @@ class VerifierInfo(Protocol):
 class FreeDrafter(Protocol):
     """The coordinator's free drafter (edgespec.backends.suffix.SuffixDrafter): a session per generation,
     whose measured acceptance it takes back when the generation ends."""
-    def session(self) -> FreeDrafts: ...
-    def absorb(self, session: FreeDrafts) -> None: ...
+    def session(self) -> FreeDraftSession: ...
+    def absorb(self, session: FreeDraftSession) -> None: ...
 
 
 class SlotsPort(Protocol):
@@ -288,8 +288,8 @@ class Generations:
         log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round, "
                  "free drafts %d/%d accepted in %d rounds; link rtt %.1f ms (jitter %.1f), verifier queue %.2f",
                  session_id, new, seconds, new / seconds, rounds.acceptance_rate, rounds.mean_accepted_length,
-                 rounds.free_accepted, rounds.free_drafted, rounds.free_rounds, 1000 * (link.mean or 0.0) if link else 0.0,
-                 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
+                 rounds.free_accepted, rounds.free_drafted, rounds.free_rounds,
+                 1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
         self.metrics.generation(finish_reason, new, seconds - prefill)
         trace.get_current_span().set_attributes({   # the service's span of this call
             "edgespec.prompt_tokens": len(plan.prompt), "edgespec.new_tokens": new,

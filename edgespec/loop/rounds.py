@@ -91,7 +91,7 @@ class FreeProposal(Protocol):
     def prefix(self, length: int) -> "FreeProposal": ...
 
 
-class FreeDrafts(Protocol):
+class FreeDraftSession(Protocol):
     """A drafter that costs nothing and runs in the coordinator's process (edgespec.backends.suffix): asked
     every round, it proposes what the session's text continues, or nothing."""
     def propose(self, committed: Sequence[int], limit: int) -> FreeProposal: ...
@@ -111,7 +111,7 @@ class Rounds:
     def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
                  metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0,
-                 cloud_draft: str = "off", free: FreeDrafts | None = None):
+                 cloud_draft: str = "off", free: FreeDraftSession | None = None):
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
@@ -361,8 +361,8 @@ class Rounds:
         return True
 
 
-def pick_free_draft(free: FreeDrafts, committed: Sequence[int], eos_ids: Collection[int], telemetry: Telemetry,
-                    limit: int) -> FreeProposal | None:
+def pick_free_draft(free: FreeDraftSession, committed: Sequence[int], eos_ids: Collection[int],
+                    telemetry: Telemetry, limit: int) -> FreeProposal | None:
     """What to send of the free drafter's proposal after ``committed``: the prefix that maximises expected tokens
     per second by the measured costs (edgespec.control.goodput: its confidences as acceptance, drafting costed at
     0, the link's round trip and the verifier's forward time by window), or None when a target-only round does

@@ -30,12 +30,13 @@ from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
 from edgespec.errors import Unavailable
 from edgespec.loop.pipelining import pipelined
-from edgespec.loop.rounds import Chunk, DrafterPort, FreeDrafts, RoundSink, Rounds, VerifierPort, draft_window, now
+from edgespec.loop.rounds import (Chunk, DrafterPort, FreeDraftSession, RoundSink, Rounds, VerifierPort,
+                                  draft_window, now)
 from edgespec.loop.session import SessionLog
 from edgespec.verify.sampling import SamplingParams
 from edgespec.verify.window import Window
 
-__all__ = ["Chunk", "DrafterPort", "FreeDrafts", "RoundSink", "VerifierPort", "Window", "speculate"]
+__all__ = ["Chunk", "DrafterPort", "FreeDraftSession", "RoundSink", "VerifierPort", "Window", "speculate"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
                     telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
                     max_draft: int = 16, tree_depth: int = 0, cloud_draft: str = "off",
-                    free: FreeDrafts | None = None) -> AsyncIterator[Chunk]:
+                    free: FreeDraftSession | None = None) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgespec.backends.registry import TINY_EOS
-from edgespec.backends.suffix import PRIOR_ACCEPTANCE, SuffixDrafter, bucket
+from edgespec.backends.suffix import DECLINED_DRIFT, PRIOR_ACCEPTANCE, SuffixDrafter, bucket
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
 from edgespec.engines.drafter import DrafterEngine
@@ -192,3 +192,19 @@ def test_replay_of_an_output_with_nothing_to_copy_is_target_only():
     profile = {n: 1.0 + (n - 1) / 2 for n in range(1, 10)}
     row = replay([1, 2, 3], list(range(100, 140)), SuffixDrafter(), profile, {7}, limit=16)
     assert (row["passes"], row["free_windows"], row["speedup"], row["ceiling"]) == (40, 0, 1.0, 1.0)
+
+
+def test_pick_free_draft_never_sends_an_eos_and_declines_what_cannot_pay():
+    from edgespec.loop.rounds import pick_free_draft
+
+    cheap = Telemetry(profile={n: 1.0 + 0.1 * (n - 1) for n in range(1, 10)})   # a pass over n costs little more
+    text = [10, 11, 12, 13, 14, 15, 7, 16, 99, 10, 11, 12]                        # 7 is the EOS after 15
+    picked = pick_free_draft(SuffixDrafter().session(), text, {7}, cheap, 8)
+    assert picked is not None and picked.tokens == (13, 14, 15)                   # cut before the EOS
+    dear = Telemetry(profile={n: float(n) for n in range(1, 10)})                 # a pass over n costs n steps
+    session = SuffixDrafter().session()
+    b = bucket(3)                                         # the first token's match: "10 11 12"
+    session.acceptance[b] = 0.1
+    assert pick_free_draft(session, text, {7}, dear, 8) is None
+    assert session.acceptance[b] == pytest.approx(0.1 + DECLINED_DRIFT * (PRIOR_ACCEPTANCE[b] - 0.1))
+    assert pick_free_draft(session, [1, 2, 3], {7}, cheap, 8) is None             # nothing matches: nothing sent
