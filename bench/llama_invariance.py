@@ -64,8 +64,10 @@ SETTINGS = (
             repack=False, tiled=False, single_threads=1, window_rows=63),
     Setting("no repacking, 1-thread one-token decodes, windows in decodes of 7 rows (exact before KV streams)",
             repack=False, single_threads=1, window_rows=7),
-    Setting("exact (--exact on): no repacking, 1-thread one-token decodes, windows in decodes of 7 rows, KV per "
-            "sequence", repack=False, single_threads=1, window_rows=7, unified=False),
+    Setting("no repacking, 1-thread one-token decodes, windows in decodes of 7 rows, KV per sequence (exact before "
+            "repacked weights)", repack=False, single_threads=1, window_rows=7, unified=False),
+    Setting("exact (--exact on): repacked weights, 1-thread one-token decodes, windows in decodes of 3 rows, KV per "
+            "sequence", single_threads=1, window_rows=3, unified=False),
 )
 
 

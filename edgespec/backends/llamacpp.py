@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -110,14 +110,17 @@ class LlamaExact:
                 f"{self.window_rows or 'any'} rows, KV {'unified' if self.unified else 'per sequence'}")
 
 
-# Measured batch-invariant (bench/llama_invariance.py): a window's matmuls by ggml's per-row dot products (no
-# repacked gemm from 4 rows, no tiled matmul from 8: windows go in decodes of 7 rows; a prompt still gets the
-# tiled matmul, as llama.cpp's own run of it does), attention by one flash-attention pass per query row in order
-# over the cells (tiles start at 64 rows), a one-token decode's attention in one chunk (one thread). Each session
-# has a stream of cells of its own: in a unified cache a token can land in a cell another session's rollback
-# freed, before the session's earlier cells, and attention then sums its cells in another order than a one-session
-# run does (measured: 10 of 16 concurrent n-gram sessions diverged).
-EXACT = LlamaExact(repack=False, single_threads=1, window_rows=7, unified=False)
+# Measured batch-invariant (bench/llama_invariance.py): llama.cpp's own kernels (repacked weights, tiled matmul) with
+# windows in decodes of at most 3 rows (the repacked weights' gemv takes 1 to 3 rows, each as one row alone; from 4
+# rows a gemm kernel rounds otherwise; load() checks the 3 on this CPU and build and takes fewer where it fails);
+# attention by one flash-attention pass per query row in order over the cells (tiles start at 64 rows), a one-token
+# decode's attention in one chunk (one thread). Each session has a stream of cells of its own: in a unified cache a
+# token can land in a cell another session's rollback freed, before the session's earlier cells, and attention then
+# sums its cells in another order than a one-session run does (measured: 10 of 16 concurrent n-gram sessions
+# diverged). A prompt is computed as llama.cpp's own run computes it, so the settings are llama.cpp's defaults but
+# for the threads of a one-token decode.
+EXACT = LlamaExact(single_threads=1, window_rows=3, unified=False)
+CHECKED_WINDOW_ROWS = 8   # exact settings with windows in decodes of 2 to this many rows are checked at load
 
 # The context when neither size is given: a unified cache pools its cells, so 64 sessions share 16384; with a
 # stream per session each has ctx_tokens / max_sequences of its own, so 16 sessions of 2048 tokens (as llama.cpp's
@@ -425,6 +428,37 @@ class LlamaCppLM(IncrementalLM):
                 rows[f][filled[f]] = row
                 filled[f] += 1
 
+    def settle_window_rows(self) -> int:
+        """Check that a decode of 2 .. exact.window_rows rows computes each row as a one-token decode does, here
+        (a 16-token sequence, then its next tokens one at a time against the same tokens in one decode), and feed
+        windows in decodes of the largest row count up to which every count agrees: 1 if none does (each row then
+        is a one-token decode). Returns that count. On the CPUs measured 3 rows agree with llama.cpp's defaults
+        (docs/llamacpp-exactness.md); a CPU or build whose kernels switch earlier gets fewer rows, not other text."""
+        rows = self.exact.window_rows
+        if os.environ.get("EDGESPEC_LLAMA_FAIL_ROW_CHECK") == "1":   # tests: take the path a failing check takes
+            agreed = 1
+        else:
+            prompt = [(7 + 97 * i) % self.vocab_size for i in range(16)]
+            state = self.new_state()
+            steps = [self.logits_rows(state, prompt, 1)[0]]
+            cont: list[int] = []
+            for _ in range(rows):
+                cont.append(int(np.argmax(steps[-1])))
+                steps.append(self.logits_rows(state, prompt + cont, 1)[0])
+            agreed = 1
+            for n in range(2, rows + 1):
+                self.crop(state, len(prompt))
+                if not np.array_equal(self.logits_rows(state, prompt + cont[:n], n), np.stack(steps[1:n + 1])):
+                    break
+                agreed = n
+            del state
+        if agreed < rows:
+            log.warning("llama.cpp computes a decode of %d rows otherwise than one-token decodes on this CPU and "
+                        "build: windows go in decodes of %d row(s), so greedy output stays llama.cpp's own; "
+                        "windows cost more (a pass per %d row(s))", agreed + 1, agreed, agreed)
+            self.exact = replace(self.exact, window_rows=agreed)
+        return agreed
+
     def close(self) -> None:
         llama = self._lib
         if getattr(self, "_ctx", None):
@@ -447,6 +481,10 @@ def gguf_path(spec: str) -> Path:
 
 def load(spec: str, threads: int = 0, ctx_tokens: int | None = None, max_sequences: int | None = None,
          share_prefixes: bool = False, exact: LlamaExact | None = None) -> LlamaCppLM:
-    """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own."""
-    return LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences,
-                      share_prefixes=share_prefixes, exact=exact)
+    """The model named by ``spec`` (see gguf_path) in a llama.cpp context of its own; with exact settings that feed
+    windows in decodes of a few rows, those rows checked on this CPU first (LlamaCppLM.settle_window_rows)."""
+    lm = LlamaCppLM(gguf_path(spec), threads=threads, ctx_tokens=ctx_tokens, max_sequences=max_sequences,
+                    share_prefixes=share_prefixes, exact=exact)
+    if exact is not None and 1 < exact.window_rows <= CHECKED_WINDOW_ROWS:
+        lm.settle_window_rows()
+    return lm

@@ -69,7 +69,7 @@ def test_greedy_on_llamacpp_exact_mode_equals_llamacpp_target_only(tmp_path, ref
                       drafter_args=[*LLAMA, "--threads", "1"],
                       coordinator_args=["--tokenizer", "smollm2"]) as cluster:
         log = cluster.verifier.log_path.read_text()
-        assert "-t 1 -tb 2 -fa on --no-repack -ub 512" in log
+        assert "-t 1 -tb 2 -fa on -ub 512" in log
         for window in (0, 4, -1):
             for prompt, expected in zip(PROMPTS, references):
                 tokens, stats = generated(cluster.coordinator.address, prompt, MAX_NEW, window, chat=True,

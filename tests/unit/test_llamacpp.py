@@ -292,3 +292,42 @@ def test_shared_prefixes_with_a_stream_per_session():
         assert np.array_equal(lm.logits_rows(donor, prompt + [7, 8, 9, 10], 1), donor_next_alone)
     finally:
         lm.close()
+
+
+def window_matches_steps(lm, prompt, n):
+    """A window of n tokens after ``prompt`` scored in one call, and the same tokens decoded one at a time."""
+    state = lm.new_state()
+    steps = [lm.logits_rows(state, prompt, 1)[0]]
+    cont = []
+    for _ in range(n):
+        cont.append(int(np.argmax(steps[-1])))
+        steps.append(lm.logits_rows(state, prompt + cont, 1)[0])
+    lm.crop(state, len(prompt))
+    return np.array_equal(lm.logits_rows(state, prompt + cont, n), np.stack(steps[1:]))
+
+
+def test_exact_mode_checks_its_window_rows_on_this_cpu():
+    """Exact mode feeds windows in decodes of at most 3 rows, as repacked weights compute 1 to 3 rows each as one row
+    alone; load checks that here. The default target's repacked gemm takes over at 4 rows, and the check finds it:
+    asked for 6 rows a decode, it settles on 3, and a window of 6 is then its one-token decodes exactly."""
+    assert llamacpp.EXACT.window_rows == 3 and llamacpp.EXACT.repack
+    lm = llamacpp.load("target", threads=1, ctx_tokens=1024, max_sequences=2,
+                       exact=dataclasses.replace(llamacpp.EXACT, window_rows=6))
+    try:
+        assert lm.exact.window_rows == 3
+        assert window_matches_steps(lm, PROMPTS[0], 6)
+        lm.exact = dataclasses.replace(lm.exact, window_rows=6)   # the rows the check refused: not exact here
+        assert not window_matches_steps(lm, PROMPTS[0], 6)
+    finally:
+        lm.close()
+
+
+def test_a_failed_window_row_check_feeds_windows_one_row_a_decode(monkeypatch, caplog):
+    monkeypatch.setenv("EDGESPEC_LLAMA_FAIL_ROW_CHECK", "1")
+    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=1024, max_sequences=2, exact=llamacpp.EXACT)
+    try:
+        assert lm.exact.window_rows == 1
+        assert "windows go in decodes of 1 row(s)" in caplog.text
+        assert window_matches_steps(lm, PROMPTS[0], 5)
+    finally:
+        lm.close()
