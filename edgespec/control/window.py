@@ -59,8 +59,8 @@ class GoodputWindow:
     (Telemetry.goodput_window), except that a window not measured yet is costed optimistically, at the
     nearest smaller measured one, so it gets tried.
 
-    Until drafting has been measured (here, or by earlier sessions whose costs the telemetry inherited)
-    it drafts one token; then, if the verifier's cost of a target-only round is unmeasured, it runs one.
+    Until drafting has been measured (here, by earlier sessions whose costs the telemetry inherited, or by the
+    drafter itself at its start: its Info's cost per token) it drafts one token; then, if the verifier's cost of a target-only round is unmeasured, it runs one.
     While target-only rounds win it probes: after ``first_probe`` of them it drafts one token to re-measure
     acceptance (one rejected window must not shut drafting off for long), then after twice as many, up to
     ``probe_every`` — or after ``rare_probe_every`` where the measured costs say that

@@ -35,6 +35,24 @@ def forward_profile(lm: Any, largest: int, context: int = 32, repeats: int = 2) 
     return curve
 
 
+def draft_cost(engine: Any, k: int = 4, context: int = 32, repeats: int = 3) -> float:
+    """Seconds per drafted token: a drafter engine's session over a ``context``-token prefix drafting ``k`` tokens
+    after it, the fastest of ``repeats`` after one warm-up, divided by k (the catch-up a session's first draft
+    pays is not in it: the engine's open prefills the prefix)."""
+    session = "edgespec-draft-cost"
+    prompt = [(11 + 7 * i) % engine.model.vocab_size for i in range(context)]
+    engine.open(session, prompt)
+    try:
+        times = []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            engine.draft(session, context, (), k)
+            times.append(time.perf_counter() - started)
+        return min(times[1:]) / k
+    finally:
+        engine.close(session)
+
+
 def describe(curve: dict[int, float]) -> str:
     """'1: 380 ms, 2: 2.10x, ...' for a log line."""
     if not curve:

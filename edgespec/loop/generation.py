@@ -200,6 +200,7 @@ class Generations:
         self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
         self.free_drafter = free_drafter       # asked every round of adaptive-window requests; None = off
         self.costs = Telemetry()               # what earlier sessions measured (costs) and accepted (a prior)
+        self.draft_costs: dict[str, float] = {}   # drafter name -> seconds per drafted token, as its Info says
         self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
         self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
         self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
@@ -222,6 +223,10 @@ class Generations:
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
         drafter = self._drafter_for(session_id, request.text, telemetry)
+        if telemetry.draft_per_token is None and self.router is None:
+            # no round has measured drafting yet: cost it as the drafter measured itself, so that a drafter that
+            # cannot pay here is not run (and prefilled) to find that out
+            telemetry.draft_per_token = self.draft_costs.get(next(iter(self.drafters)))
         # free drafts in adaptive windows: a fixed window asks for the drafter's k (and 0 for none at all)
         free = self.free_drafter.session() if self.free_drafter is not None and plan.window < 0 else None
         max_draft = min(config.max_window, getattr(self._info, "max_window", 0) or config.max_window)
@@ -380,6 +385,14 @@ class Generations:
         if self.config.auto_policy == "heuristic":
             return HeuristicWindow(k=min(2, max_k), max_k=max_k)
         return GoodputWindow(telemetry, max_k=max_k)
+
+    def drafter_info(self, name: str, info: object) -> None:
+        """A drafter's Info (services/coordinator/readiness.py asks each once): its measured cost per drafted token,
+        the drafting cost of rounds before any round has measured it (0 or absent: not measured)."""
+        seconds = float(getattr(info, "draft_seconds_per_token", 0.0) or 0.0)
+        if seconds > 0:
+            self.draft_costs[name] = seconds
+            log.info("drafter %s: a drafted token costs %.1f ms by its own measure", name, 1000 * seconds)
 
     async def _verifier_info(self) -> VerifierInfo:
         """Vocabulary and EOS ids, from the first verifier that answers (cached)."""

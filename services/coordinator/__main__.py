@@ -246,11 +246,13 @@ async def main(config: CoordinatorConfig) -> None:
         verifiers_changed.set()
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
-    watchers.append(asyncio.ensure_future(check_vocabularies(endpoints, drafters)))   # logs a tokenizer mismatch
     owners = SessionOwners.for_security(config.security)   # generations in progress per client identity
     free_drafter = SuffixDrafter() if config.free_drafts == "suffix" else None
     servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics,
                                    free_drafter)
+    # logs a tokenizer mismatch; each drafter's measured cost goes to the window policy's first rounds
+    watchers.append(asyncio.ensure_future(check_vocabularies(endpoints, drafters,
+                                                             servicer.generations.drafter_info)))
     credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)

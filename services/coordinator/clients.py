@@ -42,6 +42,9 @@ class GrpcDrafter:
         self._channel = open_channel(address, security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
 
+    async def info(self) -> drafter_pb2.DrafterInfoResponse:
+        return await self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest())
+
     async def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams) -> None:
         await self._call(self._stub.OpenSession, drafter_pb2.DrafterOpenRequest(
             session_id=session_id, tokens=tokens, sampling=params_to_pb(params), q_ids=self.q_ids))

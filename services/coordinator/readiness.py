@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 from grpc_health.v1 import health_pb2
 
@@ -75,11 +75,12 @@ def vocabulary_mismatch(verifier, drafter, drafter_name: str = "draft") -> list[
     return problems
 
 
-async def check_vocabularies(verifiers: dict, drafters: dict) -> list[str]:
+async def check_vocabularies(verifiers: dict, drafters: dict,
+                             on_drafter_info: Callable[[str, object], None] | None = None) -> list[str]:
     """Once a verifier and each drafter answer Info, log an error for every drafter whose token space is not
-    the verifier's (vocabulary_mismatch). Peers that are not up yet are asked again, backing off; runs until
-    every drafter has answered (or it is cancelled). Returns the problems found."""
-    from edgespec.v1 import drafter_pb2
+    the verifier's (vocabulary_mismatch), and hand each drafter's Info to ``on_drafter_info`` (name, Info): its
+    measured cost. Peers that are not up yet are asked again, backing off; runs until every drafter has answered
+    (or it is cancelled). Returns the problems found."""
 
     wait, found = VOCAB_CHECK_RETRY_SECONDS[0], []
     verifier_info = None
@@ -95,12 +96,13 @@ async def check_vocabularies(verifiers: dict, drafters: dict) -> list[str]:
         if verifier_info is not None:
             for name, drafter in list(pending.items()):
                 try:
-                    # The drafter client has no Info method of its own: its stub, through its error mapping.
-                    info = await drafter._call(drafter._stub.Info, drafter_pb2.DrafterInfoRequest())
+                    info = await drafter.info()
                 except Exception as error:
                     log.debug("vocabulary check: drafter %s: %s", name, error)
                     continue
                 del pending[name]
+                if on_drafter_info is not None:
+                    on_drafter_info(name, info)
                 problems = vocabulary_mismatch(verifier_info, info, name)
                 if problems:
                     log.error("drafter %s does not draft in the verifier's tokens: %s", name, "; ".join(problems))
