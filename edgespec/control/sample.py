@@ -28,6 +28,8 @@ class RoundSample:
     self_drafted: int = 0                # cloud drafting: tokens the verifier drafted and scored itself (k is 0)
     draft_catchup: int = 0               # tokens the drafter computed before drafting (committed while it was idle)
     free: bool = False                   # the chain was a free draft (the coordinator's suffix drafter), not the drafter's
+    steps: int = 1                       # target passes the round made: a target-only window of steps makes one per
+                                         # token it commits, in one round trip (k is 0)
 
     @property
     def tokens(self) -> int:

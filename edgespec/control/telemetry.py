@@ -121,13 +121,12 @@ class Telemetry:
         link.add(sample.rtt)
         self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         if sample.verify_compute_seconds > 0:
+            forward = sample.verify_compute_seconds / sample.steps   # a window of steps: its passes, one each
             # a window's own cost: not a forward it shared with other sessions, nor a tree's (more than k + 1 tokens)
             if sample.batch_windows <= 1 and not sample.siblings and not sample.self_drafted:
-                self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k),
-                                                     sample.verify_compute_seconds, s)
+                self.verify_compute[sample.k] = _ema(self.verify_compute.get(sample.k), forward, s)
             if sample.batch_tokens > 0:
-                self.forward_curve[sample.batch_tokens] = _ema(self.forward_curve.get(sample.batch_tokens),
-                                                               sample.verify_compute_seconds, s)
+                self.forward_curve[sample.batch_tokens] = _ema(self.forward_curve.get(sample.batch_tokens), forward, s)
         if sample.batch_windows > 0:
             self.batch_windows = _ema(self.batch_windows or None, float(sample.batch_windows), s)
         self.queue_last = sample.queue_depth

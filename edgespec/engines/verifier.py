@@ -198,7 +198,53 @@ class VerifierEngine:
                 seen.add(requests[i][0])
             self._verify_wave(requests, wave, results)
             remaining = later
+        self._step(requests, results)
         return results
+
+    def _step(self, requests: Sequence[tuple[str, Window]], results: list[WindowResult | EdgespecError | None]) -> None:
+        """Windows of several steps (target-only windows with steps > 1) go on after their first token: each further
+        token is a target-only window of its own, the sessions' next steps in one forward, until each has its steps,
+        an EOS or an error (which ends that session's steps; what they committed stands). Each window's result then
+        covers all its tokens (the first verdict's, the others in drafted, next_token the last), and is what a
+        replay of the window gets."""
+        going: dict[int, tuple[_Session, list[WindowResult]]] = {}   # request index -> its session, step results
+        for i, (session_id, window) in enumerate(requests):
+            result = results[i]
+            if window.steps > 1 and isinstance(result, WindowResult) and result.verdict is not None:
+                session = self._sessions.get(session_id)
+                fresh = session is not None and result.committed_position == window.base_position + 1 == \
+                    len(session.committed)   # scored now, not a replay of an earlier answer
+                if fresh and result.verdict.next_token not in self.eos_ids:
+                    going[i] = (session, [result])
+        while going:
+            order = list(going)
+            wave = [(requests[i][0], Window(requests[i][1].seq, len(going[i][0].committed), (),
+                                            params_fingerprint=requests[i][1].params_fingerprint)) for i in order]
+            stepped: list[WindowResult | EdgespecError | None] = [None] * len(wave)
+            self._verify_wave(wave, list(range(len(wave))), stepped)
+            for i, result in zip(order, stepped):
+                session, parts = going[i]
+                done = not isinstance(result, WindowResult) or result.verdict is None
+                if not done:
+                    parts.append(result)
+                    done = len(parts) >= requests[i][1].steps or result.verdict.next_token in self.eos_ids
+                if done:
+                    del going[i]
+                    results[i] = self._merge_steps(session, requests[i][1], parts)
+
+    def _merge_steps(self, session: _Session, window: Window, parts: list[WindowResult]) -> WindowResult:
+        """One result for a window's steps: the tokens of all of them, their forward times summed, the first
+        forward's batch; remembered for a replay in place of the steps' own answers."""
+        tokens = [part.verdict.next_token for part in parts]
+        first = parts[0]
+        verdict = replace(first.verdict, drafted=tuple(tokens[:-1]), next_token=tokens[-1],
+                          target_logprob=sum(part.verdict.target_logprob for part in parts))
+        merged = WindowResult(verdict, window.base_position, parts[-1].committed_position,
+                              sum(part.verify_compute_seconds for part in parts), first.batch_size, first.batch_tokens)
+        for part in parts:
+            session.replies.pop(part.base_position, None)
+        session.replies[window.base_position] = (_key(window), merged)
+        return merged
 
     def _verify_wave(self, requests: Sequence[tuple[str, Window]], wave: list[int],
                      results: list[WindowResult | EdgespecError | None]) -> None:
@@ -338,6 +384,11 @@ class VerifierEngine:
             self._check_tree(session, window)
         if window.self_draft:
             self._check_self_draft(session, window)
+        if window.steps and (window.draft or window.self_draft or window.parents or optimistic
+                             or not 0 <= window.steps <= self.limits.max_window):
+            raise InvalidArgument("steps", f"a target-only window (no draft tokens, not self-drafted, not optimistic) "
+                                  f"of 0..{self.limits.max_window} steps, got {window.steps} steps with "
+                                  f"{len(window.draft)} draft tokens")
         session.last_used = self.clock()
         committed = len(session.committed)
         base = window.base_position
@@ -462,4 +513,4 @@ class VerifierEngine:
 
 def _key(window: Window) -> tuple:
     """What makes a window the same window again (a replay gets the same verdict)."""
-    return window.draft, window.q, window.parents, window.self_draft
+    return window.draft, window.q, window.parents, window.self_draft, window.steps

@@ -53,6 +53,13 @@ DRAFTER_FAULTS = (Unavailable, NotFound, Aborted, ResourceExhausted)
 AUTO_TREE_DEPTH = 2   # --tree-depth auto: the most runner-ups a window carries
 SELF_DRAFT_TOKENS = 6  # cloud drafting: the most of its own tokens the verifier may commit before its next one
 CLOUD_DRAFT_MODES = ("off", "fallback", "on")
+# Target-only windows of several steps (blocking rounds): the verifier commits up to this many of the target's own
+# tokens in one round trip where target-only decoding was asked for (a window of 0), so that the round trip, paid
+# once per token otherwise, is paid once per TARGET_STEPS (measured at one thread: the verifier's model waited 12% of
+# the time for the next window); between an adaptive policy's decisions ADAPTIVE_TARGET_STEPS, so that a free draft
+# or a probe is at most one token late.
+TARGET_STEPS = 4
+ADAPTIVE_TARGET_STEPS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +118,7 @@ class Rounds:
     def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
                  policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
                  metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0,
-                 cloud_draft: str = "off", free: FreeDraftSession | None = None):
+                 cloud_draft: str = "off", free: FreeDraftSession | None = None, target_steps: int = 1):
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
@@ -140,11 +147,26 @@ class Rounds:
         # free drafts (lossless sessions): proposed every round, sent when they pay by the measured costs
         self.free = free if free is not None and params.sampler != "coupled" and not params.relaxation.lossy else None
         self._free_sent: tuple[int, FreeProposal] | None = None   # (window seq, proposal) of the free window in flight
+        self.target_steps = target_steps   # most steps of a target-only window (1: a token a round trip)
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
-               parent: int | None = None, parents: Sequence[int] = ()) -> Window:
+               parent: int | None = None, parents: Sequence[int] = (), steps: int = 0) -> Window:
         self.next_seq += 1
-        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent, tuple(parents))
+        return Window(self.next_seq - 1, base, tuple(draft), tuple(q or ()), self.fingerprint, parent, tuple(parents),
+                      steps=steps)
+
+    def steps_now(self) -> int:
+        """Steps of a target-only window sent now (0: one token): TARGET_STEPS where a window of 0 was asked for,
+        ADAPTIVE_TARGET_STEPS between an adaptive policy's decisions, none while a drafter asked for by a fixed
+        window is down (its return is noticed at the next token); within the budget and the verifier's window."""
+        if self.target_steps <= 1:
+            return 0
+        fixed = isinstance(self.policy, FixedWindow)
+        if fixed and self.policy.k > 0:
+            return 0
+        steps = min(self.target_steps if fixed else min(self.target_steps, ADAPTIVE_TARGET_STEPS),
+                    self.session.remaining, self.max_draft)
+        return steps if steps > 1 else 0
 
     def self_drafted_window(self) -> Window:
         """A window the verifier drafts itself (cloud drafting), committing at most what the budget leaves."""
@@ -288,7 +310,9 @@ class Rounds:
                              batch_tokens=verdict.batch_tokens, siblings=len(window.draft) - chain,
                              took_sibling=bool(window.draft) and any(i >= chain for i in verdict.path),
                              self_drafted=verdict.self_drafted,
-                             draft_catchup=self.catchup if window.draft and free is None else 0, free=free is not None)
+                             draft_catchup=self.catchup if window.draft and free is None else 0, free=free is not None,
+                             **({"steps": len(verdict.drafted) + 1, "committed": len(verdict.drafted) + 1}
+                                if window.steps > 1 else {}))
         trace.get_current_span().set_attributes({
             "edgespec.k": sample.k, "edgespec.accepted": sample.accepted,
             "edgespec.base_position": window.base_position, "edgespec.rtt_seconds": sample.rtt,
@@ -401,7 +425,8 @@ async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
         return rounds.self_drafted_window(), 0.0   # the drafter is down: the verifier drafts for itself
     draft, q, parents = drafted if drafted is not None else ([], None, ())
     seconds = now() - started - (rounds.open_seconds - opening)
-    return rounds.window(rounds.session.position, draft, q, parents=parents), seconds if draft else 0.0
+    return (rounds.window(rounds.session.position, draft, q, parents=parents, steps=0 if draft else rounds.steps_now()),
+            seconds if draft else 0.0)
 
 
 @contextmanager

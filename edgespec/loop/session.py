@@ -32,8 +32,8 @@ class RoundStats:
     accepted_at_depth: list[int] = field(default_factory=list)
 
     def record(self, sample: RoundSample) -> None:
-        """Count one committed round."""
-        self.rounds += 1
+        """Count one committed round: a target pass each (a target-only window of steps is one pass per token)."""
+        self.rounds += sample.steps
         self.drafted += sample.k + sample.siblings + sample.self_drafted   # runner-ups and the verifier's own too
         self.accepted += sample.accepted
         if sample.free:

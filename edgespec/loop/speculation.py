@@ -30,8 +30,8 @@ from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
 from edgespec.errors import Unavailable
 from edgespec.loop.pipelining import pipelined
-from edgespec.loop.rounds import (Chunk, DrafterPort, FreeDraftSession, RoundSink, Rounds, VerifierPort,
-                                  draft_window, now)
+from edgespec.loop.rounds import (TARGET_STEPS, Chunk, DrafterPort, FreeDraftSession, RoundSink, Rounds,
+                                  VerifierPort, draft_window, now)
 from edgespec.loop.session import SessionLog
 from edgespec.verify.sampling import SamplingParams
 from edgespec.verify.window import Window
@@ -46,7 +46,7 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
                     on_verifier_loss: str = "fail", max_unverified: int = 256,
                     telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
                     max_draft: int = 16, tree_depth: int = 0, cloud_draft: str = "off",
-                    free: FreeDraftSession | None = None) -> AsyncIterator[Chunk]:
+                    free: FreeDraftSession | None = None, target_steps: int = TARGET_STEPS) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
@@ -70,9 +70,13 @@ async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, 
     (edgespec.backends.suffix), asked every round before the policy; its proposal is sent where it pays by the
     measured costs, and the policy's round (the drafter's window, or target-only) runs where it does not.
     None = the policy's rounds only.
+    target_steps: blocking rounds: a target-only window commits up to this many of the target's own tokens in one
+    round trip (Rounds.steps_now; 1 = a token a round trip). The verifier decodes them one at a time, so the
+    output is what single steps give.
     """
     rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft,
-                    0 if pipeline else tree_depth, "off" if pipeline else cloud_draft, None if pipeline else free)
+                    0 if pipeline else tree_depth, "off" if pipeline else cloud_draft, None if pipeline else free,
+                    1 if pipeline else target_steps)
     loop = pipelined if pipeline else _blocking
     while session.finish_reason is None:
         try:

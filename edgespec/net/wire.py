@@ -54,10 +54,10 @@ def window_to_pb(session_id: str, window: Window) -> verifier_pb2.Window:
         session_id=session_id, window_seq=window.seq, base_position=window.base_position,
         draft_tokens=window.draft, params_fingerprint=window.params_fingerprint, draft_probs=dists_to_pb(window.q),
         optimistic=window.parent is not None, parent_token=window.parent or 0, draft_parents=window.parents,
-        self_draft=window.self_draft)
+        self_draft=window.self_draft, steps=window.steps)
 
 
 def window_from_pb(msg: verifier_pb2.Window) -> Window:
     return Window(msg.window_seq, msg.base_position, tuple(msg.draft_tokens), tuple(dists_from_pb(msg.draft_probs)),
                   msg.params_fingerprint, msg.parent_token if msg.optimistic else None, tuple(msg.draft_parents),
-                  msg.self_draft)
+                  msg.self_draft, msg.steps)

@@ -50,7 +50,7 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, committed_position: _Optional[int] = ..., prefill_seconds: _Optional[float] = ...) -> None: ...
 
 class Window(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "draft_tokens", "params_fingerprint", "draft_probs", "optimistic", "parent_token", "trace_context", "draft_parents", "self_draft")
+    __slots__ = ("session_id", "window_seq", "base_position", "draft_tokens", "params_fingerprint", "draft_probs", "optimistic", "parent_token", "trace_context", "draft_parents", "self_draft", "steps")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class Window(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     SELF_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     window_seq: int
     base_position: int
@@ -80,7 +81,8 @@ class Window(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     self_draft: int
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., self_draft: _Optional[int] = ...) -> None: ...
+    steps: int
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., self_draft: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob", "batch_windows", "batch_tokens", "accepted_nodes", "drafted_tokens", "self_drafted")

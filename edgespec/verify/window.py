@@ -22,6 +22,8 @@ class Window:
     parents: tuple[int, ...] = ()  # a token tree (edgespec.verify.tree): each draft token's parent; () = a chain
     self_draft: int = 0            # cloud drafting: the verifier drafts this window itself (draft empty),
                                    # committing at most this many of its own tokens before its next token
+    steps: int = 0                 # a target-only window (draft empty): the target's own tokens to commit, each
+                                   # a one-token step, in one round trip (0 or 1 = one)
 
     @property
     def tree(self) -> TokenTree | None:

@@ -229,3 +229,42 @@ def test_round_loop_reports_every_round_to_the_policy():
     # one record per round: the session's stats add up the very samples the policy saw
     assert sum(s.verify_wall_seconds for s in policy.seen) == pytest.approx(log.stats.verify_wall_seconds)
     assert all(s.link == "in-process" and s.verify_compute_seconds > 0 for s in policy.seen)
+
+
+def test_a_window_of_steps_commits_the_targets_own_tokens_as_single_steps_would():
+    """A target-only window of 4 steps commits, in one answer, the 4 tokens that 4 target-only windows commit,
+    greedy and sampled (each step is its own one-token pass; a sampled token is drawn at its own position); a
+    replay of it gets the same answer and commits nothing."""
+    from edgespec.verify.sampling import SamplingParams
+    from edgespec.verify.window import Window
+
+    for params in (SamplingParams(), SamplingParams(temperature=0.9, seed=11)):
+        engine = VerifierEngine(tiny("tiny:5"), [TINY_EOS], VerifierLimits(max_window=4, max_session_tokens=64))
+        prompt = list(b"def f(x):")
+        fingerprint = params.fingerprint()
+        engine.open("steps", prompt, params)
+        engine.open("single", prompt, params)
+        base = len(prompt)
+        for _ in range(3):
+            [result] = engine.verify_batch([("steps", Window(0, base, (), params_fingerprint=fingerprint, steps=4))])
+            for position in range(base, base + 4):
+                engine.verify("single", position, [], params_fingerprint=fingerprint)
+            assert result.committed_position == base + 4 and len(result.verdict.drafted) == 3
+            assert result.verdict.accepted == 0 and result.verdict.committed(()) == engine.committed("steps")[base:]
+            assert engine.committed("steps") == engine.committed("single")
+            [again] = engine.verify_batch([("steps", Window(1, base, (), params_fingerprint=fingerprint, steps=4))])
+            assert again == result and len(engine.committed("steps")) == base + 4   # a replay commits nothing
+            base += 4
+
+
+@pytest.mark.parametrize("window", [dict(draft=(1,), steps=2), dict(steps=5), dict(steps=-1),
+                                    dict(parent=5, steps=2)], ids=["with_draft", "too_many", "negative", "optimistic"])
+def test_a_bad_window_of_steps_is_rejected_and_changes_nothing(verifier, window):
+    from edgespec.errors import EdgespecError
+    from edgespec.verify.window import Window
+
+    before = verifier.committed("s")
+    fields = {"draft": (), **window}
+    [result] = verifier.verify_batch([("s", Window(0, len(before), **fields))])
+    assert isinstance(result, EdgespecError) and isinstance(result, InvalidArgument) and result.field == "steps"
+    assert verifier.committed("s") == before

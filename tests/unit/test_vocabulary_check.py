@@ -44,21 +44,16 @@ class FakeVerifier:
 
 
 class FakeDrafter:
-    """The drafter client's surface the check uses: its stub's Info through its error-mapping _call."""
+    """The drafter client's surface the check uses: its Info."""
 
     def __init__(self, info, failures: int = 0):
         self.info_, self.failures, self.calls = info, failures, 0
-        self._stub = self
 
-    def Info(self, request):
-        assert isinstance(request, drafter_pb2.DrafterInfoRequest)
-        return self.info_
-
-    async def _call(self, method, request):
+    async def info(self):
         self.calls += 1
         if self.calls <= self.failures:
             raise ConnectionError("not up yet")
-        return method(request)
+        return self.info_
 
 
 def test_the_check_waits_for_peers_and_logs_each_drafter_once(monkeypatch, caplog):
@@ -66,8 +61,11 @@ def test_the_check_waits_for_peers_and_logs_each_drafter_once(monkeypatch, caplo
     verifier = FakeVerifier(QWEN, failures=2)
     good, bad = FakeDrafter(draft(), failures=3), FakeDrafter(draft(model="SmolLM2", vocab_size=49152, eos=[2]))
     with caplog.at_level(logging.INFO, logger="edgespec.coordinator"):
-        problems = asyncio.run(asyncio.wait_for(check_vocabularies({"v:1": verifier}, {"good": good, "bad": bad}), 5))
+        seen = {}
+        problems = asyncio.run(asyncio.wait_for(check_vocabularies({"v:1": verifier}, {"good": good, "bad": bad},
+                                                                   seen.__setitem__), 5))
     assert verifier.calls == 3 and good.calls == 4 and bad.calls == 1
+    assert seen == {"good": good.info_, "bad": bad.info_}   # each drafter's Info handed on once (its cost)
     assert problems and all("good" not in p for p in problems)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "drafter bad" in errors[0].getMessage()
