@@ -369,3 +369,25 @@ def test_router_picks_a_drafter_per_request_and_output_stays_exact(tmp_path):
             used.update(stats.drafter.split(">"))
         log = (tmp_path / "coordinator.log").read_text()
         assert "drafter" in log and "predicted acceptance" in log
+
+
+def test_a_target_only_window_of_steps_over_grpc_commits_what_single_steps_do(cluster):
+    """Window.steps over the wire: the verifier answers a target-only window of 4 steps with the target's 4 tokens
+    (all but the last in drafted_tokens, accepted 0), as 4 one-token windows give them; a window of steps with
+    draft tokens is INVALID_ARGUMENT and changes nothing."""
+    address = cluster.verifier.address
+    prompt = list(b"hello")
+    asyncio.run(open_session(address, "v3", prompt))
+    bad = verifier_pb2.Window(session_id="v3", window_seq=0, base_position=5, draft_tokens=[104], steps=2)
+    verdicts, status, details, _ = asyncio.run(verifier_stream_call(address, [bad]))
+    assert (verdicts, status) == ([], grpc.StatusCode.INVALID_ARGUMENT) and details.startswith("steps")
+    window = verifier_pb2.Window(session_id="v3", window_seq=1, base_position=5, steps=4)
+    verdicts, status, _, _ = asyncio.run(verifier_stream_call(address, [window]))
+    reference = VerifierEngine(tiny(cluster.target), [TINY_EOS])
+    reference.open("r", prompt)
+    expected = []
+    while len(expected) < 4 and TINY_EOS not in expected:
+        expected.append(reference.verify("r", 5 + len(expected), []).verdict.next_token)
+    assert status == grpc.StatusCode.OK and verdicts[0].accepted == 0
+    assert list(verdicts[0].drafted_tokens) + [verdicts[0].next_token] == expected
+    assert verdicts[0].committed_position == 5 + len(expected)
