@@ -93,6 +93,7 @@ class Telemetry:
     judged_depth: int = 0                                      # positions judged at least once
     known_depth: int = 0                                       # ... here or by the sessions this one started from
     draft_per_token: float | None = None                       # seconds
+    draft_prefill_per_token: float = 0.0                       # seconds per token the drafter prefills (0: unknown)
     verify_wall: float | None = None                           # seconds, verify round trip EMA (any window)
     verify_compute: dict[int, float] = field(default_factory=dict)  # window k -> its forward seconds EMA, alone in it
     queue_last: int = 0                                        # windows
@@ -162,6 +163,7 @@ class Telemetry:
                                       deque(link.recent)) for name, link in other.links.items()}
         self.last_link = other.last_link
         self.draft_per_token, self.verify_wall = other.draft_per_token, other.verify_wall
+        self.draft_prefill_per_token = other.draft_prefill_per_token
         self.verify_compute = dict(other.verify_compute)
         self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
         self.profile = dict(other.profile)
@@ -324,6 +326,17 @@ class Telemetry:
         verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
         _, drafting = best_rate([1.0] * max_k, self.draft_per_token, link, verify, max_k, min_k=1)
         return drafting < margin * goodput([], 0, 0.0, link, verify(0))
+
+    def best_case_saving(self, max_k: int) -> float:
+        """Seconds a committed token would save drafted at the best window, every drafted token accepted, against
+        target-only rounds, by the measured costs (<= 0: drafting cannot gain at all). 0 while drafting is
+        unmeasured."""
+        if self.draft_per_token is None:
+            return 0.0
+        link = self.link_stats().mean or 0.0
+        verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
+        _, drafting = best_rate([1.0] * max_k, self.draft_per_token, link, verify, max_k, min_k=1)
+        return 1 / goodput([], 0, 0.0, link, verify(0)) - 1 / drafting
 
     def link_stats(self, link: str | None = None) -> LinkStats:
         return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)

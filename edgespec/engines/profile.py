@@ -35,20 +35,24 @@ def forward_profile(lm: Any, largest: int, context: int = 32, repeats: int = 2) 
     return curve
 
 
-def draft_cost(engine: Any, k: int = 4, context: int = 32, repeats: int = 3) -> float:
-    """Seconds per drafted token: a drafter engine's session over a ``context``-token prefix drafting ``k`` tokens
-    after it, the fastest of ``repeats`` after one warm-up, divided by k (the catch-up a session's first draft
-    pays is not in it: the engine's open prefills the prefix)."""
+def draft_cost(engine: Any, k: int = 4, context: int = 32, repeats: int = 3) -> tuple[float, float]:
+    """(seconds per drafted token, seconds per prefilled token) of a drafter engine: a session over a
+    ``context``-token prefix (its open prefills it: the second) drafting ``k`` tokens after it, the fastest of
+    ``repeats`` after one warm-up, divided by k (the first)."""
     session = "edgespec-draft-cost"
     prompt = [(11 + 7 * i) % engine.model.vocab_size for i in range(context)]
+    engine.open(session, prompt[:4])   # a warm-up
+    engine.close(session)
+    started = time.perf_counter()
     engine.open(session, prompt)
+    prefill = (time.perf_counter() - started) / context
     try:
         times = []
         for _ in range(repeats + 1):
             started = time.perf_counter()
             engine.draft(session, context, (), k)
             times.append(time.perf_counter() - started)
-        return min(times[1:]) / k
+        return min(times[1:]) / k, prefill
     finally:
         engine.close(session)
 

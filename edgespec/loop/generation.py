@@ -200,7 +200,8 @@ class Generations:
         self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
         self.free_drafter = free_drafter       # asked every round of adaptive-window requests; None = off
         self.costs = Telemetry()               # what earlier sessions measured (costs) and accepted (a prior)
-        self.draft_costs: dict[str, float] = {}   # drafter name -> seconds per drafted token, as its Info says
+        # drafter name -> (seconds per drafted token, per prefilled token), as its Info says
+        self.draft_costs: dict[str, tuple[float, float]] = {}
         self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
         self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
         self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
@@ -223,10 +224,13 @@ class Generations:
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
         drafter = self._drafter_for(session_id, request.text, telemetry)
-        if telemetry.draft_per_token is None and self.router is None:
-            # no round has measured drafting yet: cost it as the drafter measured itself, so that a drafter that
-            # cannot pay here is not run (and prefilled) to find that out
-            telemetry.draft_per_token = self.draft_costs.get(next(iter(self.drafters)))
+        if self.router is None and next(iter(self.drafters)) in self.draft_costs:
+            draft, prefill = self.draft_costs[next(iter(self.drafters))]
+            # until rounds measure drafting, cost it as the drafter measured itself, so that a drafter that cannot
+            # pay here is not run (and prefilled) to find that out; its prefill prices opening and catching it up
+            if telemetry.draft_per_token is None:
+                telemetry.draft_per_token = draft
+            telemetry.draft_prefill_per_token = prefill
         # free drafts in adaptive windows: a fixed window asks for the drafter's k (and 0 for none at all)
         free = self.free_drafter.session() if self.free_drafter is not None and plan.window < 0 else None
         max_draft = min(config.max_window, getattr(self._info, "max_window", 0) or config.max_window)
@@ -390,9 +394,11 @@ class Generations:
         """A drafter's Info (services/coordinator/readiness.py asks each once): its measured cost per drafted token,
         the drafting cost of rounds before any round has measured it (0 or absent: not measured)."""
         seconds = float(getattr(info, "draft_seconds_per_token", 0.0) or 0.0)
+        prefill = float(getattr(info, "prefill_seconds_per_token", 0.0) or 0.0)
         if seconds > 0:
-            self.draft_costs[name] = seconds
-            log.info("drafter %s: a drafted token costs %.1f ms by its own measure", name, 1000 * seconds)
+            self.draft_costs[name] = (seconds, prefill)
+            log.info("drafter %s: a drafted token costs %.1f ms, a prefilled one %.2f ms, by its own measure", name,
+                     1000 * seconds, 1000 * prefill)
 
     async def _verifier_info(self) -> VerifierInfo:
         """Vocabulary and EOS ids, from the first verifier that answers (cached)."""

@@ -185,6 +185,18 @@ class Rounds:
         self._free_sent = (window.seq, proposal)
         return window, now() - started
 
+    def catchup_outweighs_drafting(self) -> bool:
+        """A draft now would first have the drafter prefill what it has not seen (the whole committed text when its
+        session is not open yet, else the tokens committed since it last drafted): True where that prefill, priced
+        by the drafter's own measure, costs more than drafting could save in the rest of the session with every
+        drafted token accepted (Telemetry.best_case_saving). Such a draft, a probe or the policy's choice, cannot
+        pay for what it costs; the round is target-only. False where the prefill's price is unknown."""
+        t = self.telemetry
+        behind = len(self.session.committed) if self.drafter_down_until is not None else self.undrafted
+        if not t.draft_prefill_per_token or behind <= 1:
+            return False
+        return behind * t.draft_prefill_per_token > self.session.remaining * t.best_case_saving(self.max_draft)
+
     def start_round(self, optimistic: bool = False) -> Span:
         """The span of one window's round, child of the current span (the generation); not made current."""
         return tracer().start_span("round", attributes={SESSION_ID: self.session_id, "edgespec.optimistic": optimistic})
@@ -415,6 +427,8 @@ async def draft_window(rounds: Rounds, k: int) -> tuple[Window, float]:
     if rounds.cloud_draft == "on" and (k > 0 or not isinstance(rounds.policy, FixedWindow)) \
             and rounds.session.remaining > 1:
         return rounds.self_drafted_window(), 0.0   # every round but those asked to be target-only
+    if k > 0 and not isinstance(rounds.policy, FixedWindow) and rounds.catchup_outweighs_drafting():
+        k = 0
     started, opening = now(), rounds.open_seconds
     depth = rounds.telemetry.tree_depth(k, AUTO_TREE_DEPTH) if rounds.tree_depth < 0 else rounds.tree_depth
     depth = max(0, min(depth, k, rounds.max_draft - k))

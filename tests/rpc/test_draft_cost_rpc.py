@@ -23,7 +23,7 @@ def test_a_drafter_that_cannot_pay_is_never_opened(tmp_path):
     with LocalCluster(tmp_path, verifier_args=LLAMA, drafter_args=LLAMA,
                       coordinator_args=["--tokenizer", "smollm2"]) as cluster:
         info = asyncio.run(drafter_call(cluster.drafter.address, "Info", drafter_pb2.DrafterInfoRequest()))
-        assert 0 < info.draft_seconds_per_token < 1
+        assert 0 < info.draft_seconds_per_token < 1 and 0 < info.prefill_seconds_per_token < 1
         wait_for_log(cluster.coordinator, "a drafted token costs")   # the coordinator has read it
         reference, _ = generated(cluster.coordinator.address, PROMPT, 32, 0, chat=True, timeout_seconds=300)
         tokens, stats = generated(cluster.coordinator.address, PROMPT, 32, -1, chat=True, timeout_seconds=300)

@@ -268,3 +268,28 @@ def test_a_bad_window_of_steps_is_rejected_and_changes_nothing(verifier, window)
     [result] = verifier.verify_batch([("s", Window(0, len(before), **fields))])
     assert isinstance(result, EdgespecError) and isinstance(result, InvalidArgument) and result.field == "steps"
     assert verifier.committed("s") == before
+
+
+def test_a_draft_is_not_sent_where_catching_the_drafter_up_costs_more_than_drafting_could_save():
+    """Opening the drafter prefills the whole committed text there; priced by the drafter's own measure, that is
+    weighed against what drafting could save in the rest of the session with every token accepted."""
+    from edgespec.loop.rounds import Rounds
+    from edgespec.verify.sampling import SamplingParams
+
+    def rounds(prompt_tokens, max_new):
+        telemetry = Telemetry()
+        telemetry.draft_per_token, telemetry.draft_prefill_per_token = 0.01, 0.001
+        telemetry.profile = {1: 0.1, 2: 0.11, 3: 0.12, 4: 0.13, 5: 0.14}   # a pass over 5 tokens ~ over 1
+        log = SessionLog([1] * prompt_tokens, max_new, frozenset({TINY_EOS}))
+        return Rounds(log, "s", object(), object(), GoodputWindow(telemetry, max_k=4), SamplingParams(), telemetry,
+                      max_draft=4)
+
+    # 4 drafted tokens for one pass: 0.036 s a token against 0.1, so 0.064 s saved a token at best
+    assert rounds(2000, 16).catchup_outweighs_drafting()        # a 2 s prefill for at most 1.0 s saved
+    assert not rounds(2000, 64).catchup_outweighs_drafting()    # ... for at most 4.1 s
+    assert not rounds(20, 16).catchup_outweighs_drafting()      # a 0.02 s prefill
+    slow = rounds(20, 16)
+    slow.telemetry.profile = {n: 0.1 * n for n in range(1, 6)}  # a pass costs a step per token: nothing to save
+    assert slow.catchup_outweighs_drafting()
+    slow.telemetry.draft_prefill_per_token = 0.0                # the prefill's price unknown: no veto
+    assert not slow.catchup_outweighs_drafting()
