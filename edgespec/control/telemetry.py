@@ -320,23 +320,25 @@ class Telemetry:
         ``margin`` even if every drafted token were accepted (unmeasured windows costed by the fitted slope,
         not optimistically): a gain that small cannot repay what finding out costs (the drafter's session
         opened or caught up on the tokens it missed). False while the drafting cost is unmeasured."""
-        if self.draft_per_token is None:
-            return False
-        link = self.link_stats().mean or 0.0
-        verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
-        _, drafting = best_rate([1.0] * max_k, self.draft_per_token, link, verify, max_k, min_k=1)
-        return drafting < margin * goodput([], 0, 0.0, link, verify(0))
+        rates = self._best_case_rates(max_k)
+        return rates is not None and rates[1] < margin * rates[0]
 
     def best_case_saving(self, max_k: int) -> float:
         """Seconds a committed token would save drafted at the best window, every drafted token accepted, against
         target-only rounds, by the measured costs (<= 0: drafting cannot gain at all). 0 while drafting is
         unmeasured."""
+        rates = self._best_case_rates(max_k)
+        return 0.0 if rates is None else 1 / rates[0] - 1 / rates[1]
+
+    def _best_case_rates(self, max_k: int) -> tuple[float, float] | None:
+        """(tokens/s of target-only rounds, of the best window of 1..max_k with every drafted token accepted) by the
+        measured costs (unmeasured windows by the fitted slope); None while the drafting cost is unmeasured."""
         if self.draft_per_token is None:
-            return 0.0
+            return None
         link = self.link_stats().mean or 0.0
         verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
         _, drafting = best_rate([1.0] * max_k, self.draft_per_token, link, verify, max_k, min_k=1)
-        return 1 / goodput([], 0, 0.0, link, verify(0)) - 1 / drafting
+        return goodput([], 0, 0.0, link, verify(0)), drafting
 
     def link_stats(self, link: str | None = None) -> LinkStats:
         return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)

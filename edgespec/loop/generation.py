@@ -224,8 +224,9 @@ class Generations:
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
         drafter = self._drafter_for(session_id, request.text, telemetry)
-        if self.router is None and next(iter(self.drafters)) in self.draft_costs:
-            draft, prefill = self.draft_costs[next(iter(self.drafters))]
+        own_costs = self.draft_costs.get(next(iter(self.drafters))) if self.router is None else None
+        if own_costs is not None:
+            draft, prefill = own_costs
             # until rounds measure drafting, cost it as the drafter measured itself, so that a drafter that cannot
             # pay here is not run (and prefilled) to find that out; its prefill prices opening and catching it up
             if telemetry.draft_per_token is None:
