@@ -67,7 +67,8 @@ import json, sys, time
 import numpy as np
 from edgespec.backends import llamacpp
 threads = int(sys.argv[1])
-lm = llamacpp.load("target", threads=threads, max_sequences=2, exact=llamacpp.exact_settings("auto", threads))
+exact = llamacpp.exact_settings("auto", threads, llamacpp.PREFILL_CHUNK)   # the verifier's settings
+lm = llamacpp.load("target", threads=threads, max_sequences=2, exact=exact)
 eos = set(lm.eos_ids())
 print(json.dumps({"settings": lm.exact.describe()}), flush=True)
 for line in sys.stdin:

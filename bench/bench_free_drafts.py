@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     texts = bench_prompts(args.prompts_file, args.per_category)
     tokenizer = ChatTemplateTokenizer(load_tokenizer(resolve_spec("target")))
     prompts = [tokenizer.encode(text, True) for _, text in texts]
-    exact = llamacpp.exact_settings(args.exact, args.threads)
+    exact = llamacpp.exact_settings(args.exact, args.threads, llamacpp.PREFILL_CHUNK)   # as the verifier runs
     lm = llamacpp.load("target", threads=args.threads, exact=exact)
     profile = {n: seconds for n, seconds in enumerate(curve, 1)} if curve else forward_profile(lm, 9)
     eos_ids = frozenset(lm.eos_ids())

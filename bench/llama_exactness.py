@@ -34,7 +34,7 @@ def references(prompt_ids: list[list[int]], tokens: int, threads: int, exact: bo
     from edgespec.backends import llamacpp
 
     lm = llamacpp.load("target", threads=threads, ctx_tokens=8192, max_sequences=1,
-                       exact=llamacpp.EXACT if exact else None)
+                       exact=llamacpp.exact_settings("on" if exact else "off", threads, llamacpp.PREFILL_CHUNK))
     eos, out = set(lm.eos_ids()), []
     for prompt in prompt_ids:
         state, seq, generated, margins = lm.new_state(), list(prompt), [], []

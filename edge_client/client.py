@@ -23,7 +23,8 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
                    top_p: float = 1.0, seed: int | None = None, relaxed: str = "", coupled: bool = False,
                    resume_token_ids: Sequence[int] = (),
                    security: ClientSecurity = PLAINTEXT, stop: Sequence[str] = (),
-                   system: str | None = None) -> AsyncIterator[pb.GenerateResponse]:
+                   system: str | None = None, min_tokens: int = 0, ignore_eos: bool = False,
+                   logprobs: int | None = None) -> AsyncIterator[pb.GenerateResponse]:
     """Yield the coordinator's events: TokenChunk messages, then one GenerationStats.
 
     temperature 0 is greedy; > 0 samples (losslessly) with top_k / top_p / seed.
@@ -35,16 +36,22 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
     security: TLS / mutual TLS and the bearer token (default plaintext, no token).
     stop: stop sequences: the text ends just before the first one (finish reason "stop").
     system: a system turn before the prompt (sent as chat messages, through the model's chat template).
+    min_tokens: the first min_tokens tokens are never EOS, and no stop sequence ends within them (vLLM's).
+    ignore_eos: an EOS token does not end the generation: it runs to max_new_tokens.
+    logprobs: each chunk carries the target's log-probability of each token and of this many most likely ones.
     Raises grpc.aio.AioRpcError with the coordinator's status on failure.
     """
     sampling = common_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                                         relaxation=relaxation(relaxed), coupled=coupled)
+                                         relaxation=relaxation(relaxed), coupled=coupled, ignore_eos=ignore_eos)
     if seed is not None:
         sampling.seed = seed
+    if logprobs is not None:
+        sampling.logprobs = logprobs
     async with open_channel(address, security) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = pb.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens, window=window, chat=chat,
-                                     sampling=sampling, resume_token_ids=resume_token_ids, stop=stop)
+                                     sampling=sampling, resume_token_ids=resume_token_ids, stop=stop,
+                                     min_tokens=min_tokens)
         if system is not None:
             request.prompt = ""
             request.messages.extend([pb.ChatMessage(role="system", content=system),

@@ -24,6 +24,23 @@ def target_only_greedy(spec: str, prompt: list[int], max_new_tokens: int) -> lis
     return out[0, len(prompt):].tolist()
 
 
+@functools.lru_cache(maxsize=None)
+def target_only_greedy_eos(spec: str, prompt: tuple[int, ...], max_new_tokens: int, min_tokens: int = 0,
+                           ignore_eos: bool = False) -> tuple[int, ...]:
+    """Greedy decoding of the target alone, one full forward per token, with vLLM's min_tokens (EOS logits at
+    -inf while fewer tokens are generated) and ignore_eos (EOS does not end it) written out."""
+    model, out = tiny(spec).model, []
+    with torch.no_grad():
+        while len(out) < max_new_tokens:
+            logits = model(torch.tensor([[*prompt, *out]])).logits[0, -1]
+            if len(out) < min_tokens:
+                logits[TINY_EOS] = -float("inf")
+            out.append(int(logits.argmax()))
+            if out[-1] == TINY_EOS and not ignore_eos:
+                break
+    return tuple(out)
+
+
 def engine_target_only(lm, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Target-only greedy decoding through a verifier engine on ``lm`` (any backend): windows of 0 tokens."""
     from edgespec.engines.verifier import VerifierEngine

@@ -4,9 +4,14 @@ The coordinator's FastAPI app (services/coordinator/http_api.py) parses the JSON
 the object here, runs the GenerationRequest this returns through the same generation
 path as the gRPC Generate, and sends back what the builders here make. As OpenAI does,
 fields it does not know are ignored; fields it knows but cannot honour (n > 1,
-logprobs, penalties, tools, echo...) and values of the wrong type or out of range are an
+penalties, tools, echo...) and values of the wrong type or out of range are an
 ``ApiError`` (HTTP 400 with OpenAI's error object naming the parameter), so nothing is
-silently answered differently from what was asked.
+silently answered differently from what was asked. vLLM's ``ignore_eos`` and
+``min_tokens`` are taken too, and its /tokenize and /detokenize bodies.
+
+Log-probabilities (chat ``logprobs`` / ``top_logprobs``, completions ``logprobs: n``)
+are the target's own at each committed token (edgespec.verify.logprobs), in OpenAI's
+shapes; a token's text is what the caller's ``token_text`` makes of its id.
 
 edgespec's own settings ride in an ``edgespec`` object of the request (window, relaxed,
 coupled, top_k); its statistics come back in an ``edgespec`` object of the response (the
@@ -15,11 +20,13 @@ last chunk when streaming), with the fields of the gRPC GenerationStats.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from edgespec.loop.chat import ChatMessage, check_messages
 from edgespec.loop.stops import check_stops
+from edgespec.verify.logprobs import MAX_LOGPROBS, TokenLogprob
 
 MAX_SEED = 2**64        # seeds are uint64 on the wire; any int is taken modulo this
 
@@ -63,18 +70,21 @@ class OpenAIRequest:
     relaxed: str = ""              # edgespec.relaxed: the CLI's --relaxed spec ("" = lossless)
     coupled: bool = False          # edgespec.coupled: the coupled sampler
     top_k: int = 0                 # edgespec.top_k (also read at the top level, as vLLM does)
+    ignore_eos: bool = False       # vLLM's: an EOS token does not end the generation (it runs to max_tokens)
+    min_tokens: int = 0            # vLLM's: tokens before an EOS or a stop sequence may end the text
+    logprobs: int | None = None    # per token, its log-probability and this many most likely tokens'; None = none
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
     """A POST /v1/chat/completions body (raises ApiError)."""
     body = _object(body)
     _unsupported_common(body)
-    logprobs = body.get("logprobs")
-    if logprobs is not None and not isinstance(logprobs, bool):
-        raise ApiError("logprobs must be a boolean", "logprobs")
-    if logprobs or body.get("top_logprobs") is not None:
-        raise ApiError("logprobs are not supported: the verifier does not return per-token log-probabilities",
-                       "logprobs" if logprobs else "top_logprobs", code="unsupported_parameter")
+    logprobs = _optional_bool(body, "logprobs") or False
+    top = _optional_int(body, "top_logprobs", 0)
+    if top is not None and top > MAX_LOGPROBS:
+        raise ApiError(f"top_logprobs must be in 0..{MAX_LOGPROBS}, got {top}", "top_logprobs")
+    if top and not logprobs:
+        raise ApiError("top_logprobs needs logprobs: true", "top_logprobs")
     for name in ("tools", "functions"):
         if body.get(name):
             raise ApiError(f"{name} are not supported", name, code="unsupported_parameter")
@@ -84,16 +94,16 @@ def parse_chat(body: Any) -> OpenAIRequest:
     max_tokens = _optional_int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _optional_int(body, "max_tokens", 1)
-    return _request(body, "chat", "", messages, max_tokens)
+    return _request(body, "chat", "", messages, max_tokens, (top or 0) if logprobs else None)
 
 
 def parse_completion(body: Any) -> OpenAIRequest:
     """A POST /v1/completions body (raises ApiError)."""
     body = _object(body)
     _unsupported_common(body)
-    if body.get("logprobs") is not None:
-        raise ApiError("logprobs are not supported: the verifier does not return per-token log-probabilities",
-                       "logprobs", code="unsupported_parameter")
+    logprobs = _optional_int(body, "logprobs", 0)
+    if logprobs is not None and logprobs > MAX_LOGPROBS:
+        raise ApiError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {logprobs}", "logprobs")
     if body.get("echo"):
         raise ApiError("echo is not supported", "echo", code="unsupported_parameter")
     if body.get("suffix"):
@@ -108,11 +118,64 @@ def parse_completion(body: Any) -> OpenAIRequest:
         raise ApiError("prompt must be a string (or a list of one string)", "prompt")
     if not prompt.strip():
         raise ApiError("prompt must not be empty", "prompt")
-    return _request(body, "text", prompt, (), _optional_int(body, "max_tokens", 1))
+    return _request(body, "text", prompt, (), _optional_int(body, "max_tokens", 1), logprobs)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """A checked POST /tokenize body (vLLM's): a prompt, or chat turns through the chat template."""
+    prompt: str                         # "" with messages
+    messages: tuple[ChatMessage, ...]   # () with a prompt
+    add_special_tokens: bool            # the tokenizer's special tokens (a BOS): prompt default true, messages false
+    add_generation_prompt: bool         # messages: open the assistant's turn (default true)
+    continue_final_message: bool        # messages: leave the last turn open (not with add_generation_prompt)
+    return_token_strs: bool             # also each token's name in the vocabulary
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """A POST /tokenize body, as vLLM takes it (raises ApiError)."""
+    body = _object(body)
+    if body.get("model") is not None and not isinstance(body.get("model"), str):
+        raise ApiError("model must be a string", "model")
+    strs = _optional_bool(body, "return_token_strs") or False
+    if "messages" in body:
+        messages = _messages(body.get("messages"))
+        generation = _optional_bool(body, "add_generation_prompt")
+        final = _optional_bool(body, "continue_final_message") or False
+        if final and generation:
+            raise ApiError("continue_final_message and add_generation_prompt cannot both be true",
+                           "continue_final_message")
+        return TokenizeRequest("", messages, _optional_bool(body, "add_special_tokens") or False,
+                               not final if generation is None else generation, final, strs)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise ApiError("prompt must be a string (or give messages)", "prompt")
+    special = _optional_bool(body, "add_special_tokens")
+    return TokenizeRequest(prompt, (), True if special is None else special, False, False, strs)
+
+
+def parse_detokenize(body: Any, vocab_size: int | None = None) -> list[int]:
+    """A POST /detokenize body's token ids, each in [0, vocab_size) when that is known (raises ApiError)."""
+    body = _object(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ApiError("tokens must be a list of token ids (integers)", "tokens")
+    for i, token in enumerate(tokens):
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            raise ApiError(f"tokens[{i}] = {token} is outside the vocabulary [0, {vocab_size or '...'})", "tokens")
+    return tokens
+
+
+def tokenize_body(tokens: list[int], max_model_len: int, token_strs: list[str] | None = None) -> dict[str, Any]:
+    return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": token_strs}
+
+
+def detokenize_body(text: str) -> dict[str, Any]:
+    return {"prompt": text}
 
 
 def _request(body: Mapping[str, Any], kind: str, prompt: str, messages: tuple[ChatMessage, ...],
-             max_tokens: int | None) -> OpenAIRequest:
+             max_tokens: int | None, logprobs: int | None) -> OpenAIRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError("model must be a string", "model")
@@ -147,13 +210,17 @@ def _request(body: Mapping[str, Any], kind: str, prompt: str, messages: tuple[Ch
     top_k = _optional_int(extension, "top_k", 0, param="edgespec.top_k")
     if top_k is None:
         top_k = _optional_int(body, "top_k", 0)
+    min_tokens = _optional_int(body, "min_tokens", 0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise ApiError(f"min_tokens must be <= max_tokens ({max_tokens}), got {min_tokens}", "min_tokens")
     return OpenAIRequest(
         kind=kind, model=model or "", prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p,
         seed=None if seed is None else seed % MAX_SEED, stop=_stop(body.get("stop")), stream=stream,
         include_usage=include_usage, user=user or "", window=-1 if window is None else window,
         relaxed=relaxed or "", coupled=_optional_bool(extension, "coupled", "edgespec.coupled") or False,
-        top_k=top_k or 0)
+        top_k=top_k or 0, ignore_eos=_optional_bool(body, "ignore_eos") or False, min_tokens=min_tokens,
+        logprobs=logprobs)
 
 
 def _unsupported_common(body: Mapping[str, Any]) -> None:
@@ -162,6 +229,10 @@ def _unsupported_common(body: Mapping[str, Any]) -> None:
         if value:
             raise ApiError(f"{name} is not supported (only 0): speculative decoding here is exact or explicitly "
                            f"relaxed sampling from the target", name, code="unsupported_parameter")
+    repetition = _optional_number(body, "repetition_penalty", 0.0, math.inf)
+    if repetition is not None and repetition != 1.0:
+        raise ApiError("repetition_penalty is not supported (only 1)", "repetition_penalty",
+                       code="unsupported_parameter")
     if body.get("logit_bias"):
         raise ApiError("logit_bias is not supported", "logit_bias", code="unsupported_parameter")
     response_format = body.get("response_format")
@@ -275,25 +346,63 @@ def edgespec_stats(stats: Any) -> dict[str, Any]:
     return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
 
 
+TokenText = Callable[[int], str]   # a token id's text (the tokenizer's decoding of it alone)
+
+
+def logprobs_body(request: OpenAIRequest, entries: Sequence[TokenLogprob], token_text: TokenText,
+                  text_offset: int = 0) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` for ``entries`` (None where the request asked for none): chat's ``content`` list
+    with ``top_logprobs`` most likely tokens each; completions' parallel lists, each position's top dict holding
+    its token and the ``logprobs`` most likely ones, text offsets counted from ``text_offset`` (the text of the
+    tokens before these, as each token's text has it)."""
+    if request.logprobs is None:
+        return None
+    top = request.logprobs
+    if request.kind == "chat":
+        return {"content": [{**_chat_logprob(e.token, e.logprob, token_text),
+                             "top_logprobs": [_chat_logprob(t, lp, token_text) for t, lp in e.top[:top]]}
+                            for e in entries]}
+    tokens = [token_text(e.token) for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
+            "top_logprobs": [{token: _finite(e.logprob), **{token_text(t): _finite(lp) for t, lp in e.top[:top]}}
+                             for token, e in zip(tokens, entries)],
+            "text_offset": offsets}
+
+
+def _chat_logprob(token: int, logprob: float, token_text: TokenText) -> dict[str, Any]:
+    text = token_text(token)
+    return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8", errors="replace"))}
+
+
+def _finite(logprob: float) -> float:
+    """As vLLM sends them: JSON has no -inf (a token of probability 0 is -9999)."""
+    return max(logprob, -9999.0)
+
+
 def completion_body(request: OpenAIRequest, response_id: str, created: int, model: str, text: str,
-                    stats: Any) -> dict[str, Any]:
-    """The whole (non-streamed) response of either endpoint."""
+                    stats: Any, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole (non-streamed) response of either endpoint; ``logprobs`` from logprobs_body."""
     reason = finish_reason(stats.finish_reason)
     if request.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                   "finish_reason": reason}
         kind = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         kind = "text_completion"
     return {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice],
             "usage": usage(stats), "edgespec": edgespec_stats(stats)}
 
 
 def chunk_body(request: OpenAIRequest, response_id: str, created: int, model: str, text: str | None = None,
-               stats: Any = None, first: bool = False) -> dict[str, Any]:
-    """One streamed chunk: ``text`` (chat: the first chunk also names the role), or with ``stats`` the last
-    chunk of the choice (its finish reason and the edgespec statistics)."""
+               stats: Any = None, first: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed chunk: ``text`` (chat: the first chunk also names the role) and the ``logprobs`` of its
+    tokens (logprobs_body), or with ``stats`` the last chunk of the choice (its finish reason and the edgespec
+    statistics)."""
     reason = finish_reason(stats.finish_reason) if stats is not None else None
     if request.kind == "chat":
         delta: dict[str, Any] = {}
@@ -301,10 +410,10 @@ def chunk_body(request: OpenAIRequest, response_id: str, created: int, model: st
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         kind = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         kind = "text_completion"
     body = {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
     if stats is not None:

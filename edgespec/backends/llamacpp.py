@@ -120,6 +120,9 @@ class LlamaExact:
 # diverged). A prompt is computed as llama.cpp's own run computes it, so the settings are llama.cpp's defaults but
 # for the threads of a one-token decode.
 EXACT = LlamaExact(single_threads=1, window_rows=3, unified=False)
+# The verifier prefills a prompt in parts of this many tokens (its --prefill-chunk; llama.cpp's ubatch), verifying
+# other sessions' windows between them (measured: docs/benchmarks.md, "Prefill in parts").
+PREFILL_CHUNK = 64
 CHECKED_WINDOW_ROWS = 8   # exact settings with windows in decodes of 2 to this many rows are checked at load
 
 # The context when neither size is given: a unified cache pools its cells, so 64 sessions share 16384; with a
@@ -143,14 +146,25 @@ def context_size(exact: LlamaExact, ctx_tokens: int | None, max_sequences: int |
 
 
 
-def exact_settings(mode: str, threads: int) -> LlamaExact | None:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as taskset or a container's cpuset sets it): the default
+    thread count, so two services pinned to their own CPUs on one host do not each start a thread per CPU."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:   # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def exact_settings(mode: str, threads: int, ubatch_tokens: int = 0) -> LlamaExact | None:
     """--exact: "on" EXACT, "off" llama.cpp's defaults (None), "auto" EXACT where the model runs on one thread
-    (free there; with more, one-token decodes on one thread decode at 0.53-0.74x the default speed, by CPU)."""
+    (free there; with more, one-token decodes on one thread decode at 0.53-0.74x the default speed, by CPU).
+    ``ubatch_tokens`` (0: llama.cpp's 512) is the verifier's --prefill-chunk: its prompts' parts."""
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"exact mode must be auto, on or off, got {mode!r}")
     if mode == "auto":
-        mode = "on" if (threads or os.cpu_count() or 1) == 1 else "off"
-    return EXACT if mode == "on" else None
+        mode = "on" if (threads or usable_cpus()) == 1 else "off"
+    exact = EXACT if mode == "on" else None
+    return replace(exact or LlamaExact(), ubatch_tokens=ubatch_tokens) if ubatch_tokens else exact
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -191,7 +205,7 @@ class LlamaCppLM(IncrementalLM):
         self._model = llama.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path} (not a GGUF model?)")
-        threads = threads or os.cpu_count() or 1
+        threads = threads or usable_cpus()
         params = llama.llama_context_default_params()
         params.n_ctx = ctx_tokens
         params.n_batch = batch_tokens
@@ -347,13 +361,14 @@ class LlamaCppLM(IncrementalLM):
         return self._forward(states, seqs, lasts)
 
     def prefill(self, state: SeqState, tokens: Sequence[int]) -> None:
-        """Cache ``tokens`` in one batch, as llama.cpp feeds a prompt, keeping the logits after the last one for
-        the next call (which then feeds only what follows)."""
+        """Cache ``tokens`` as llama.cpp feeds a prompt (in passes of ubatch_tokens), keeping the logits after the
+        last one for the next call (which then feeds only what follows). A prompt prefilled in calls that each
+        end on a multiple of ubatch_tokens is computed exactly as one call computes it."""
         if tokens:
-            self._forward([state], [tokens], [1])
+            self._forward([state], [tokens], [1], prompt=True)
 
     def _forward(self, states: Sequence[SeqState], seqs: Sequence[Sequence[int]],
-                 lasts: Sequence[int] | None) -> list[np.ndarray]:
+                 lasts: Sequence[int] | None, prompt: bool = False) -> list[np.ndarray]:
         """Sync each state to its sequence (longest common prefix, at least one token fed), feed the rest
         of all of them, and return for each the logits of its last ``lasts[i]`` fed tokens (None: all)."""
         feeds: list[tuple[SeqState, int, list[int], int]] = []   # (state, start position, tokens, outputs)
@@ -384,10 +399,11 @@ class LlamaCppLM(IncrementalLM):
                 rows[f][0] = row
                 filled[f] = 1
         # Tokens in order, session after session; a batch holds at most batch_tokens of them. A prompt (one state
-        # fed from empty) goes in such batches, as llama.cpp feeds one; windows in batches of window_rows.
+        # fed from empty, or a prefill's next part) goes in such batches, as llama.cpp feeds one; windows in batches
+        # of window_rows.
         order = range(len(feeds)) if self.exact.unified else sorted(range(len(feeds)), key=lambda f: feeds[f][0].seq_id)
         plan = [(f, j) for f in order for j in range(len(feeds[f][2]))]
-        prompt = len(feeds) == 1 and feeds[0][1] == 0
+        prompt = prompt or (len(feeds) == 1 and feeds[0][1] == 0)
         size = self.batch_tokens if prompt else (self.exact.window_rows or self.batch_tokens)
         for chunk_start in range(0, len(plan), size):
             chunk = plan[chunk_start:chunk_start + size]

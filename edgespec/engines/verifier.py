@@ -22,6 +22,8 @@ import numpy as np
 
 from edgespec.errors import Aborted, EdgespecError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from edgespec.engines.limits import check_draft_probs, check_prefix, check_session_id, check_token_ids
+from edgespec.verify.eos import ending_ids, mask_eos
+from edgespec.verify.logprobs import TokenLogprob, token_logprobs
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
@@ -54,6 +56,8 @@ class VerifierLimits:
     kv_budget_bytes: int = 0        # all sessions' KV caches together, bytes (0 = unlimited)
     idle_ttl_seconds: float = 0.0   # evict the KV cache of a session idle this long (0 = never)
     forget_after_seconds: float = 0.0  # drop a session idle this long entirely (0 = never)
+    prefill_chunk_tokens: int = 0   # a prompt is prefilled in parts of this many tokens, other sessions' windows
+                                    # verified between them (0 = in one part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,7 @@ class Usage:
     sessions: int
     kv_bytes: int
     memory_evictions: int    # KV caches evicted to fit the KV budget
-    prefilled_tokens: int = 0      # prompt positions prefilled by open(), all sessions so far
+    prefilled_tokens: int = 0      # prompt positions prefilled by opens, all sessions so far
     prefix_cache_tokens: int = 0   # of those, taken from the prefix cache instead of computed
     prefix_cache_bytes: int = 0    # bytes the prefix cache holds now
 
@@ -93,6 +97,14 @@ class _Session:
     self_drafter: SelfDrafter | None = None   # cloud drafting (PTD): made on the first self-drafted window
 
 
+@dataclass(slots=True)
+class _Opening:
+    """A session whose prompt is being prefilled, a part at a time."""
+    session: _Session
+    fed: int = 0            # prompt tokens prefilled so far
+    seconds: float = 0.0    # their prefill compute
+
+
 class VerifierEngine:
     def __init__(self, target: TargetModel, eos_ids: Sequence[int], limits: VerifierLimits = VerifierLimits(),
                  clock: Callable[[], float] = time.monotonic, self_draft: SelfDraftConfig = SelfDraftConfig()):
@@ -102,6 +114,7 @@ class VerifierEngine:
         self.self_draft = self_draft   # cloud drafting's budget and tree shape
         self.clock = clock
         self._sessions: dict[str, _Session] = {}
+        self._opening: dict[str, _Opening] = {}   # sessions whose prompt is being prefilled
         self._head: WeightHead | None = None   # the learned DIVERSED weight head, loaded on first use
         self.restores = 0                      # windows that re-prefilled an evicted cache
         self.memory_evictions = 0              # caches evicted to fit the KV budget
@@ -114,8 +127,9 @@ class VerifierEngine:
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes held by all sessions' KV caches."""
-        return self.target.kv_bytes_per_token * sum(self.target.cached_length(s.kv) for s in self._sessions.values())
+        """Bytes held by all sessions' KV caches (those being opened too)."""
+        sessions = [*self._sessions.values(), *(o.session for o in self._opening.values())]
+        return self.target.kv_bytes_per_token * sum(self.target.cached_length(s.kv) for s in sessions)
 
     def usage(self) -> Usage:
         store = getattr(self.target, "prefix_cache", None)
@@ -127,6 +141,15 @@ class VerifierEngine:
 
     def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams()) -> float:
         """Create or replace a session; prefill its cache. Returns prefill seconds."""
+        self.begin_open(session_id, tokens, params)
+        while (seconds := self.prefill_more(session_id)) is None:
+            pass
+        return seconds
+
+    def begin_open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams()) -> None:
+        """Check an open, reserve its room in the KV budget and replace any session of that id; ``prefill_more``
+        then prefills the prompt a part at a time, so other sessions' windows run between the parts. Until the
+        last part the session takes no windows (NOT_FOUND) and nothing evicts it."""
         check_session_id(session_id)
         check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
         self._check_session_memory(len(tokens))
@@ -137,25 +160,55 @@ class VerifierEngine:
             except (OSError, ValueError, KeyError) as error:
                 raise InvalidArgument("relaxation.learned", f"this verifier has no usable weight head: {error}") from None
         old = self._sessions.pop(session_id, None)
+        self.abandon_open(session_id)
         try:
             self._make_room(len(tokens), keep=())
         except ResourceExhausted:
             if old is not None:
                 self._sessions[session_id] = old   # a refused re-open changes nothing
             raise
-        started = time.perf_counter()
         session = _Session(committed=list(tokens), kv=self.target.new_state(), params=params, last_used=self.clock())
-        store = getattr(self.target, "prefix_cache", None)
-        hits = store.hit_tokens if store is not None else 0
-        self.target.prefill(session.kv, tokens)
+        self._opening[session_id] = _Opening(session)
+
+    def prefill_more(self, session_id: str) -> float | None:
+        """Prefill the next part (``limits.prefill_chunk_tokens``; 0: all) of an opening session's prompt. None
+        while parts remain; after the last, the session takes windows and this returns its prefill seconds."""
+        opening = self._opening.get(session_id)
+        if opening is None:
+            raise NotFound(f"session {session_id!r} is not being opened on this verifier")
+        tokens = opening.session.committed
+        if opening.fed < len(tokens):
+            end = min(len(tokens), opening.fed + (self.limits.prefill_chunk_tokens or len(tokens)))
+            store = getattr(self.target, "prefix_cache", None)
+            hits = store.hit_tokens if store is not None else 0
+            started = time.perf_counter()
+            try:
+                self.target.prefill(opening.session.kv, tokens[:end])
+            except BaseException:
+                del self._opening[session_id]
+                raise
+            opening.seconds += time.perf_counter() - started
+            opening.fed = end
+            self.prefix_cache_tokens += (store.hit_tokens if store is not None else 0) - hits
+            if end < len(tokens):
+                return None
+        del self._opening[session_id]
         self.prefilled_tokens += max(0, len(tokens) - 1)
-        self.prefix_cache_tokens += (store.hit_tokens if store is not None else 0) - hits
-        self._sessions[session_id] = session
-        return time.perf_counter() - started
+        opening.session.last_used = self.clock()
+        self._sessions[session_id] = opening.session
+        return opening.seconds
+
+    def abandon_open(self, session_id: str) -> None:
+        """Drop a session whose open did not finish (its caller went away); nothing if there is none."""
+        opening = self._opening.pop(session_id, None)
+        if opening is not None:
+            self._release(opening.session)
 
     def close(self, session_id: str) -> None:
         session = self._sessions.pop(session_id, None)
         if session is None:
+            if session_id in self._opening:
+                return self.abandon_open(session_id)
             raise NotFound(f"session {session_id!r} is not open on this verifier")
         self._release(session)
 
@@ -214,7 +267,7 @@ class VerifierEngine:
                 session = self._sessions.get(session_id)
                 fresh = session is not None and result.committed_position == window.base_position + 1 == \
                     len(session.committed)   # scored now, not a replay of an earlier answer
-                if fresh and result.verdict.next_token not in self.eos_ids:
+                if fresh and result.verdict.next_token not in ending_ids(session.params, self.eos_ids):
                     going[i] = (session, [result])
         while going:
             order = list(going)
@@ -227,7 +280,8 @@ class VerifierEngine:
                 done = not isinstance(result, WindowResult) or result.verdict is None
                 if not done:
                     parts.append(result)
-                    done = len(parts) >= requests[i][1].steps or result.verdict.next_token in self.eos_ids
+                    done = len(parts) >= requests[i][1].steps or \
+                        result.verdict.next_token in ending_ids(session.params, self.eos_ids)
                 if done:
                     del going[i]
                     results[i] = self._merge_steps(session, requests[i][1], parts)
@@ -238,7 +292,8 @@ class VerifierEngine:
         tokens = [part.verdict.next_token for part in parts]
         first = parts[0]
         verdict = replace(first.verdict, drafted=tuple(tokens[:-1]), next_token=tokens[-1],
-                          target_logprob=sum(part.verdict.target_logprob for part in parts))
+                          target_logprob=sum(part.verdict.target_logprob for part in parts),
+                          logprobs=tuple(entry for part in parts for entry in part.verdict.logprobs))
         merged = WindowResult(verdict, window.base_position, parts[-1].committed_position,
                               sum(part.verify_compute_seconds for part in parts), first.batch_size, first.batch_tokens)
         for part in parts:
@@ -290,7 +345,8 @@ class VerifierEngine:
         """Cloud drafting: this session's PTD tree (edgespec.engines.self_draft) scored and verified like an edge
         drafter's tree; the target's choices at its nodes grow the session's guesses for the next pass."""
         if session.self_drafter is None:
-            session.self_drafter = SelfDrafter(session.committed, self.eos_ids, self.self_draft)
+            session.self_drafter = SelfDrafter(session.committed, ending_ids(session.params, self.eos_ids),
+                                               self.self_draft)
         drafter = session.self_drafter
         drafter.index(session.committed)      # tokens edge-drafted windows committed meanwhile
         tree = drafter.window(session.committed[-1], window.self_draft)
@@ -323,21 +379,24 @@ class VerifierEngine:
             session.kv = self.target.new_state()
             return error if isinstance(error, ResourceExhausted) else Unavailable(
                 f"target forward failed: {type(error).__name__}: {error}")
-        params = session.params
+        params, eos = session.params, ending_ids(session.params, self.eos_ids)
+        # row 0 scores the token after the root, row 1 + i the one after node i (at depth d: base + d)
+        scores = mask_eos(rows, [window.base_position, *(window.base_position + d for d in tree.depths())],
+                          self.eos_ids, params.min_length)
         if params.greedy:
-            found = verify_tree_greedy(tree, np.argmax(rows, axis=-1).tolist(), self.eos_ids)
+            found = verify_tree_greedy(tree, np.argmax(scores, axis=-1).tolist(), eos)
         else:
-            p = np.stack([warp(row, params) for row in rows])
-            found = (verify_tree_coupled(tree, p, params.seed, window.base_position, self.eos_ids) if params.coupled
-                     else verify_tree_sampling(tree, window.q or None, p, params.seed, window.base_position,
-                                               self.eos_ids))
+            p = np.stack([warp(row, params) for row in scores])
+            found = (verify_tree_coupled(tree, p, params.seed, window.base_position, eos) if params.coupled
+                     else verify_tree_sampling(tree, window.q or None, p, params.seed, window.base_position, eos))
         tokens = found.committed(tree)
-        logprob = committed_logprob(rows[[0, *(1 + j for j in found.path)]], tokens)
+        scored = rows[[0, *(1 + j for j in found.path)]]   # the rows that scored the committed tokens
         self.target.keep_path(session.kv, found.path)     # the cache: committed + the accepted path
         session.committed.extend(tokens)
-        verdict = Verdict(found.accepted, found.next_token, target_logprob=logprob, path=found.path)
+        verdict = Verdict(found.accepted, found.next_token, target_logprob=committed_logprob(scored, tokens),
+                          path=found.path, logprobs=_logprobs(scored, tokens, params))
         if drafter is not None:
-            drafter.update(tree, np.argmax(rows, axis=-1).tolist(), session.committed)
+            drafter.update(tree, np.argmax(scores, axis=-1).tolist(), session.committed)
             verdict = replace(verdict, drafted=tuple(tree.tokens[i] for i in found.path), self_drafted=len(tree))
         result = WindowResult(verdict, window.base_position, len(session.committed), time.perf_counter() - started,
                               1, len(tree) + 1)
@@ -404,17 +463,22 @@ class VerifierEngine:
                 batch_size: int, batch_tokens: int) -> WindowResult:
         started = time.perf_counter()
         draft, q, params = window.draft, window.q, session.params
+        eos = ending_ids(params, self.eos_ids)
+        # the rules see the target's logits under min_tokens (row i scores position base + i); logprobs the raw ones
+        scores = mask_eos(logits, range(window.base_position, window.base_position + len(logits)), self.eos_ids,
+                          params.min_length)
         if params.relaxation.lossy:
-            verdict = verify_relaxed(draft, q or None, logits, params, window.base_position, self.eos_ids, self._head)
+            verdict = verify_relaxed(draft, q or None, scores, params, window.base_position, eos, self._head)
         elif params.greedy:
-            verdict = verify_greedy(draft, np.argmax(logits, axis=-1).tolist(), self.eos_ids)
+            verdict = verify_greedy(draft, np.argmax(scores, axis=-1).tolist(), eos)
         elif params.coupled:
-            p = np.stack([warp(row, params) for row in logits])
-            verdict = verify_coupled(draft, p, params.seed, window.base_position, self.eos_ids)
+            p = np.stack([warp(row, params) for row in scores])
+            verdict = verify_coupled(draft, p, params.seed, window.base_position, eos)
         else:
-            p = np.stack([warp(row, params) for row in logits])
-            verdict = verify_sampling(draft, q or None, p, params.seed, window.base_position, self.eos_ids)
-        verdict = replace(verdict, target_logprob=committed_logprob(logits, verdict.committed(draft)))
+            p = np.stack([warp(row, params) for row in scores])
+            verdict = verify_sampling(draft, q or None, p, params.seed, window.base_position, eos)
+        verdict = replace(verdict, target_logprob=committed_logprob(logits, verdict.committed(draft)),
+                          logprobs=_logprobs(logits, verdict.committed(draft), params))
         session.committed.extend(verdict.committed(draft))
         # The target fed k tokens past the committed prefix; keep n of them (crop k - n).
         self.target.crop(session.kv, len(session.committed) - 1)
@@ -459,7 +523,9 @@ class VerifierEngine:
         if not budget:
             return
         need = tokens * self.target.kv_bytes_per_token
-        held = self.kv_bytes
+        # what opening sessions reserved and have not cached yet counts as held
+        held = self.kv_bytes + self.target.kv_bytes_per_token * sum(
+            len(o.session.committed) - self.target.cached_length(o.session.kv) for o in self._opening.values())
         if keep:   # a session's own cache is part of the tokens it asks for
             held -= sum(self.target.cached_length(self._sessions[s].kv) for s in keep) * self.target.kv_bytes_per_token
         for session_id, session in sorted(self._sessions.items(), key=lambda item: item[1].last_used):
@@ -509,6 +575,11 @@ class VerifierEngine:
         if optimistic:
             return WindowResult(None, base_position, len(session.committed), 0.0)
         raise Aborted(f"stale window at base_position {base_position}", len(session.committed))
+
+
+def _logprobs(rows: np.ndarray, tokens: Sequence[int], params: SamplingParams) -> tuple[TokenLogprob, ...]:
+    """The committed tokens' log-probabilities from the raw rows that scored them, where the session asks."""
+    return () if params.logprobs is None else token_logprobs(rows, tokens, params.logprobs)
 
 
 def _key(window: Window) -> tuple:

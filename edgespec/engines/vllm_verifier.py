@@ -16,11 +16,11 @@ So the session's request is always its committed tokens plus the ahead tokens, a
 rollback inside vLLM. Windows of different sessions that arrive together share a step (vLLM's batch); sessions
 without a window sit out the step.
 
-What this backend cannot do exactly, it refuses: coupled and relaxed sampling (FAILED_PRECONDITION at open:
-the torch backend does them), token trees and cloud drafting (INVALID_ARGUMENT, as llama.cpp: the coordinator
-falls back to chains and edge drafting). Draft distributions (q) are accepted and not needed: the one-hot rule
-is lossless without them, at a lower acceptance than the rule with q. No per-token log-probabilities
-(Verdict.target_logprob is 0).
+What this backend cannot do exactly, it refuses: coupled and relaxed sampling, min_tokens and log-probabilities
+(FAILED_PRECONDITION at open: the torch backend does them), token trees and cloud drafting (INVALID_ARGUMENT, as
+llama.cpp: the coordinator falls back to chains and edge drafting). Draft distributions (q) are accepted and not
+needed: the one-hot rule is lossless without them, at a lower acceptance than the rule with q. No per-token
+log-probabilities (Verdict.target_logprob is 0).
 """
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ from typing import Callable, Protocol, Sequence
 
 from edgespec.errors import EdgespecError, FailedPrecondition, ResourceExhausted, Unavailable
 from edgespec.engines.limits import check_prefix, check_session_id
-from edgespec.engines.verifier import REPLAY_MEMORY, VerifierEngine, VerifierLimits, WindowResult, _key, _Session
+from edgespec.engines.verifier import (REPLAY_MEMORY, VerifierEngine, VerifierLimits, WindowResult, _key, _Opening,
+                                       _Session)
+from edgespec.verify.eos import ending_ids
 from edgespec.verify.greedy import Verdict, common_prefix_length
 from edgespec.verify.sampling import SamplingParams, check_params
 from edgespec.verify.window import Window
@@ -77,7 +79,8 @@ class VllmVerifierEngine(VerifierEngine):
         return self.target.kv_bytes_per_token * sum(s.kv.tokens for s in self._sessions.values()
                                                     if s.kv.request_id is not None)
 
-    def open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams()) -> float:
+    def begin_open(self, session_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams()) -> None:
+        """The whole open at once (vLLM's own scheduler chunks the prefill); prefill_more then finishes it."""
         check_session_id(session_id)
         check_prefix("tokens", tokens, self.target.vocab_size, self.limits.max_session_tokens)
         self._check_session_memory(len(tokens))
@@ -86,15 +89,20 @@ class VllmVerifierEngine(VerifierEngine):
             mode = "coupled" if params.coupled else "relaxed"
             raise FailedPrecondition(f"the vLLM backend does not do {mode} sampling (vLLM samples with its own "
                                      "generator); run a verifier with --backend torch for it")
+        if params.min_length:
+            raise FailedPrecondition("the vLLM backend does not mask EOS for min_tokens (its requests restart at the "
+                                     "committed tokens); run a verifier with --backend torch or llamacpp for it")
+        if params.logprobs is not None:
+            raise FailedPrecondition("the vLLM backend returns no per-token log-probabilities; run a verifier with "
+                                     "--backend torch or llamacpp for them")
         old = self._sessions.pop(session_id, None)
         if old is not None:
             self._release(old)
+        self.abandon_open(session_id)
         started = time.perf_counter()
         session = _Session(committed=list(tokens), kv=RequestState(), params=params, last_used=self.clock())
         self._start(session)
-        self.prefilled_tokens += max(0, len(tokens) - 1)
-        self._sessions[session_id] = session
-        return time.perf_counter() - started
+        self._opening[session_id] = _Opening(session, len(tokens), time.perf_counter() - started)
 
     def _start(self, session: _Session) -> None:
         """A request over the session's committed tokens, prefilled: vLLM samples one token past them."""
@@ -155,7 +163,7 @@ class VllmVerifierEngine(VerifierEngine):
                 results[i] = error
                 continue
             window = requests[i][1]
-            draft = _until_eos(window.draft, self.eos_ids)
+            draft = _until_eos(window.draft, ending_ids(session.params, self.eos_ids))
             ahead = session.kv.ahead
             m = common_prefix_length(draft, ahead)
             if m < len(ahead):   # decided by what vLLM already sampled: no forward

@@ -42,12 +42,13 @@ def check_messages(messages: Sequence[ChatMessage]) -> str | None:
     return None
 
 
-def plain_transcript(messages: Sequence[ChatMessage]) -> str:
-    """The prompt text for a tokenizer without a chat template (see the module doc)."""
+def plain_transcript(messages: Sequence[ChatMessage], generation_prompt: bool = True) -> str:
+    """The prompt text for a tokenizer without a chat template (see the module doc); ``generation_prompt=False``:
+    the turns alone, without the opened assistant turn."""
     if len(messages) == 1 and normalize_role(messages[0].role) == "user":
         return messages[0].content
     lines = [f"{normalize_role(m.role)}: {m.content}" for m in messages]
-    return "\n".join(lines) + "\nassistant:"
+    return "\n".join(lines) + ("\nassistant:" if generation_prompt else "")
 
 
 def as_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from opentelemetry import trace
@@ -40,6 +40,8 @@ from edgespec.loop.speculation import speculate
 from edgespec.loop.stops import StopCutter, check_stops
 from edgespec.observe.logs import LogThrottle
 from edgespec.observe.metrics import CoordinatorMetrics
+from edgespec.verify.eos import ending_ids
+from edgespec.verify.logprobs import TokenLogprob
 from edgespec.verify.relaxed import WeightHead, load_head
 from edgespec.verify.sampling import SamplingParams, as_float32, check_params
 
@@ -87,6 +89,8 @@ class GenerationRequest:
     resume: tuple[int, ...] = ()   # token ids an earlier, interrupted call committed; taken as committed
     messages: tuple[ChatMessage, ...] = ()  # chat turns instead of ``prompt`` (through the chat template)
     stop: tuple[str, ...] = ()     # stop sequences: the text ends before the first one (edgespec.loop.stops)
+    min_tokens: int = 0            # tokens generated before an EOS (masked at the verifier) or a stop sequence may end
+                                   # the text: 0..max_new_tokens (vLLM's min_tokens)
 
     @property
     def text(self) -> str:
@@ -102,6 +106,7 @@ class TextChunk:
     generated: int                 # generated tokens after this chunk, unverified ones included, tokens
     position: int                  # index in the generated tokens of this chunk's first token
     unverified: bool = False       # drafter tokens no verifier has checked (draft-only mode): may be replaced
+    logprobs: Sequence[TokenLogprob] = ()   # the target's log-probabilities at token_ids (sampling.logprobs set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +181,7 @@ class _Plan:
     window: int                    # tokens; -1 = adaptive
     params: SamplingParams         # checked, per-task weight resolved, floats as the wire carries them
     prompt: list[int]              # token ids, templated
-    eos_ids: frozenset[int]
+    eos_ids: frozenset[int]        # the tokens that end this generation (none with ignore_eos)
     resume: list[int] = field(default_factory=list)
 
 
@@ -263,9 +268,9 @@ class Generations:
                                         chunk.position + len(chunk.tokens), chunk.position, True)
                         continue
                     unverified_text = None
-                    tokens, piece = _cut(text, cutter, chunk.tokens)
+                    tokens, piece = _cut(text, cutter, chunk.tokens, chunk.position, request.min_tokens)
                     kept = chunk.position + len(tokens)
-                    yield TextChunk(tokens, piece, kept, chunk.position)
+                    yield TextChunk(tokens, piece, kept, chunk.position, logprobs=chunk.logprobs[:len(tokens)])
                     if cutter.stopped:
                         break
         except EdgespecError as error:
@@ -286,7 +291,8 @@ class Generations:
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafter, drafting)
-        tail = cutter.push(text.flush()) + cutter.flush() if session.unverified == 0 else ""
+        tail = cutter.push(text.flush(), armed=kept > request.min_tokens) + cutter.flush() \
+            if session.unverified == 0 else ""
         if tail:
             yield TextChunk((), tail, kept, kept)
         finish_reason = "stop" if cutter.stopped else session.finish_reason or ""
@@ -337,18 +343,28 @@ class Generations:
             raise InvalidArgument("stop", problem)
         if not 1 <= request.max_new_tokens <= config.max_new_tokens:
             raise InvalidArgument("max_new_tokens", f"must be in 1..{config.max_new_tokens}, got {request.max_new_tokens}")
+        if not 0 <= request.min_tokens <= request.max_new_tokens:
+            raise InvalidArgument("min_tokens", f"must be in 0..max_new_tokens ({request.max_new_tokens}), "
+                                  f"got {request.min_tokens}")
         if not -1 <= request.window <= config.max_window:
             raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{config.max_window}, "
                                   f"got {request.window}")
         params = request.params
         check_params(params)
+        if params.min_length:
+            raise InvalidArgument("sampling.min_length", "is the verifier's: ask for min_tokens instead")
+        if request.min_tokens and params.relaxation.lossy:
+            raise InvalidArgument("min_tokens", "min_tokens masks the target's EOS; relaxed verification blends in "
+                                  "the draft's distribution, which does not: not together")
         if params.relaxation.task:   # the peers read the resolved weight from a float32: so does our copy
             params = as_float32(resolve_task(params, request.text, self._weights()))
         prompt = self._encode(request)
         if len(prompt) > config.max_prompt_tokens:
             raise InvalidArgument("prompt", f"{len(prompt)} tokens exceeds the limit of {config.max_prompt_tokens}")
+        if request.min_tokens:   # EOS masked at the positions of the first min_tokens generated tokens
+            params = replace(params, min_length=len(prompt) + request.min_tokens)
         info = await self._verifier_info()
-        eos_ids = frozenset(info.eos_token_ids)
+        eos_ids = ending_ids(params, info.eos_token_ids)
         resume = list(request.resume)
         for i, token in enumerate(resume):
             if not 0 <= token < info.vocab_size:
@@ -444,15 +460,17 @@ class Generations:
                 log.warning("closing session %s on the %s: %s", session_id, type(side).__name__, error)
 
 
-def _cut(text: TextStreamPort, cutter: StopCutter, tokens: Sequence[int]) -> tuple[Sequence[int], str]:
-    """One round's tokens through the detokenizer and the stop cutter: (the tokens kept, the text they add).
-    With stop sequences, token by token: the tokens kept end with the one that completed a stop sequence,
-    as if the target had generated alone and stopped there (the text is cut before the stop sequence)."""
+def _cut(text: TextStreamPort, cutter: StopCutter, tokens: Sequence[int], position: int = 0,
+         min_tokens: int = 0) -> tuple[Sequence[int], str]:
+    """One round's tokens (the first at ``position`` among the generated ones) through the detokenizer and the
+    stop cutter: (the tokens kept, the text they add). With stop sequences, token by token: the tokens kept end
+    with the one that completed a stop sequence, as if the target had generated alone and stopped there (the text
+    is cut before the stop sequence). None ends within the text of the first ``min_tokens`` tokens (vLLM's rule)."""
     if not cutter.stops:
         return tokens, text.push(tokens)
     piece = ""
     for i, token in enumerate(tokens):
-        piece += cutter.push(text.push((token,)))
+        piece += cutter.push(text.push((token,)), armed=position + i >= min_tokens)
         if cutter.stopped:
             return tokens[:i + 1], piece
     return tokens, piece

@@ -40,6 +40,7 @@ from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhauste
 from edgespec.loop.session import SessionLog
 from edgespec.observe.tracing import SESSION_ID, tracer
 from edgespec.verify.greedy import Verdict
+from edgespec.verify.logprobs import TokenLogprob
 from edgespec.verify.sampling import SamplingParams, SparseDist
 from edgespec.verify.window import Window
 
@@ -66,6 +67,7 @@ class Chunk:
     tokens: list[int]              # token ids, in order
     position: int                  # index of tokens[0] among the generated tokens
     unverified: bool = False       # drafter output no verifier checked (degraded mode)
+    logprobs: tuple[TokenLogprob, ...] = ()   # the verdict's, one per token (sessions asking for them)
 
 
 def now() -> float:
@@ -345,7 +347,7 @@ class Rounds:
                 self.policy.observe(sample)
                 if window.draft:
                     self.drafter.observe(window.draft, sample)   # a routed drafter learns from its verdicts
-            return Chunk(tokens, position)
+            return Chunk(tokens, position, logprobs=verdict.logprobs)
 
     async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
         """No verifier: stream drafter tokens flagged unverified while looking for one.

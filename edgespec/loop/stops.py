@@ -10,6 +10,10 @@ before it is released, the stop itself and everything after it never are, and
 The stop that ends the text is the one a character-by-character reader meets first:
 the occurrence that *ends* earliest (ties: the longer one, which starts earlier). The
 result therefore depends only on the whole text, never on how it was split.
+
+Text pushed with ``armed=False`` (the first min_tokens tokens' text, as vLLM's min_tokens
+has it) is never where a stop sequence ends: an occurrence counts only if it ends in
+text pushed armed, though it may begin earlier.
 """
 from __future__ import annotations
 
@@ -33,11 +37,12 @@ def check_stops(stops: Sequence[str]) -> str | None:
     return None
 
 
-def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
-    """(index, stop) of the stop occurrence in ``text`` that ends first (ties: the longer); None if none."""
+def find_stop(text: str, stops: Sequence[str], after: int = 0) -> tuple[int, str] | None:
+    """(index, stop) of the stop occurrence in ``text`` that ends first (ties: the longer) past its first
+    ``after`` characters; None if none."""
     best: tuple[int, int, str] | None = None   # (end, -length, stop)
     for stop in stops:
-        index = text.find(stop)
+        index = text.find(stop, max(0, after - len(stop) + 1))
         if index >= 0:
             key = (index + len(stop), -len(stop), stop)
             if best is None or key < best:
@@ -66,29 +71,33 @@ class StopCutter:
         self.stops = tuple(dict.fromkeys(stops))   # in order, without repeats
         self.matched: str | None = None            # the stop sequence that ended the text, once one has
         self._held = ""                            # text that may be the start of a stop sequence
+        self._blind = 0                            # leading characters of _held pushed unarmed
 
     @property
     def stopped(self) -> bool:
         return self.matched is not None
 
-    def push(self, piece: str) -> str:
+    def push(self, piece: str, armed: bool = True) -> str:
         """The output ``piece`` adds: all of it, less a tail that may begin a stop sequence (released by
-        a later push or flush), and nothing from a completed stop sequence on. After a stop: always ""."""
+        a later push or flush), and nothing from a completed stop sequence on. After a stop: always "".
+        ``armed=False``: no stop sequence may end within ``piece`` (see the module doc)."""
         if self.stopped:
             return ""
         if not self.stops:
             return piece
         text = self._held + piece
-        found = find_stop(text, self.stops)
+        found = find_stop(text, self.stops, self._blind) if armed else None
         if found is not None:
             index, self.matched = found
-            self._held = ""
+            self._held, self._blind = "", 0
             return text[:index]
         keep = held_tail(text, self.stops)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        released = len(text) - keep
+        self._held = text[released:]
+        self._blind = keep if not armed else max(0, self._blind - released)
+        return text[:released]
 
     def flush(self) -> str:
         """The text held back, now that no more follows (no stop can complete any more)."""
-        held, self._held = ("" if self.stopped else self._held), ""
+        held, self._held, self._blind = ("" if self.stopped else self._held), "", 0
         return held

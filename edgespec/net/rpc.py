@@ -34,13 +34,19 @@ STATUS_OF: dict[type[errors.EdgespecError], grpc.StatusCode] = {
 }
 
 
+def status_of(error: Exception) -> grpc.StatusCode:
+    """The status for ``error``: its class's, else its nearest base class's (a backend's ContextFull is a
+    ResourceExhausted), else UNKNOWN."""
+    return next((STATUS_OF[cls] for cls in type(error).__mro__ if cls in STATUS_OF), grpc.StatusCode.UNKNOWN)
+
+
 async def abort(context: grpc.aio.ServicerContext, error: errors.EdgespecError) -> None:
     """End the RPC with the status for ``error`` (raises)."""
     if isinstance(error, errors.Aborted):
         context.set_trailing_metadata(((COMMITTED_POSITION_KEY, str(error.committed_position)),))
     if isinstance(error, errors.ResourceExhausted) and error.retry_after_seconds is not None:
         context.set_trailing_metadata(((RETRY_AFTER_KEY, str(max(1, round(error.retry_after_seconds * 1000)))),))
-    await context.abort(STATUS_OF.get(type(error), grpc.StatusCode.UNKNOWN), str(error))
+    await context.abort(status_of(error), str(error))
 
 
 def from_rpc_error(error: grpc.aio.AioRpcError, peer: str) -> errors.EdgespecError:

@@ -401,7 +401,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, admit, accept) -> grpc.Rp
         return request
 
     async def end(context, error: errors.EdgespecError):
-        log.debug("%s: %s: %s", method, rpc.STATUS_OF.get(type(error), grpc.StatusCode.UNKNOWN).name, error)
+        log.debug("%s: %s: %s", method, rpc.status_of(error).name, error)
         await rpc.abort(context, error)
 
     if handler.unary_unary or handler.stream_unary:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from edgespec.verify.logprobs import TokenLogprob
 from edgespec.verify.sampling import RELAXED_METHODS, Relaxation, SamplingParams, SparseDist
 from edgespec.verify.sampling import float32_decimal as meant
 from edgespec.verify.window import Window
@@ -19,13 +20,16 @@ def params_from_pb(msg: common_pb2.SamplingParams, default_seed: int = 0) -> Sam
     return SamplingParams(temperature=meant(msg.temperature), top_k=int(msg.top_k),
                           top_p=meant(msg.top_p) if msg.top_p != 0 else 1.0,
                           seed=int(msg.seed) if msg.HasField("seed") else default_seed,
-                          relaxation=relaxation_from_pb(msg.relaxation), coupled=bool(msg.coupled))
+                          relaxation=relaxation_from_pb(msg.relaxation), coupled=bool(msg.coupled),
+                          ignore_eos=bool(msg.ignore_eos), min_length=int(msg.min_length),
+                          logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None)
 
 
 def params_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                                      seed=params.seed, relaxation=relaxation_to_pb(params.relaxation),
-                                     coupled=params.coupled)
+                                     coupled=params.coupled, ignore_eos=params.ignore_eos,
+                                     min_length=params.min_length, logprobs=params.logprobs)
 
 
 def relaxation_from_pb(msg: common_pb2.Relaxation) -> Relaxation:
@@ -39,6 +43,15 @@ def relaxation_from_pb(msg: common_pb2.Relaxation) -> Relaxation:
 def relaxation_to_pb(relax: Relaxation) -> common_pb2.Relaxation:
     return common_pb2.Relaxation(method=RELAXED_METHODS.index(relax.method), weight=relax.weight,
                                  learned=relax.learned, margin=relax.margin, task=relax.task)
+
+
+def logprobs_to_pb(entries: Sequence[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
+    return [common_pb2.TokenLogprob(token=e.token, logprob=e.logprob, top_ids=[t for t, _ in e.top],
+                                    top_logprobs=[lp for _, lp in e.top]) for e in entries]
+
+
+def logprobs_from_pb(msgs: Iterable[common_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(m.token, m.logprob, tuple(zip(m.top_ids, m.top_logprobs))) for m in msgs)
 
 
 def dists_from_pb(msgs: Iterable[common_pb2.SparseDistribution]) -> list[SparseDist]:

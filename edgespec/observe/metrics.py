@@ -8,6 +8,11 @@ where they mean the same (README.md "Observability" has the table): OpenTelemetr
 appends ``_seconds`` or ``_bytes``).
 
 Without a meter provider (edgespec.observe.exporters.setup) every call is a no-op.
+
+The Prometheus registry also serves the families in VLLM_NAMES under vLLM's own names
+(edgespec.observe.exporters): the same counters, so that `vllm bench serve`, which reports
+acceptance from vLLM's spec-decode counters, reads the coordinator's. Those counters exist
+from the start, at 0, as vLLM's do: a tool reads them before a run and after it.
 """
 from __future__ import annotations
 
@@ -23,6 +28,15 @@ SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 WINDOW_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+# Prometheus family -> vLLM's name for it (vllm/v1/spec_decode/metrics.py); counters, served with "_total"
+VLLM_NAMES = {
+    "edgespec_spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+    "edgespec_spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "edgespec_spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "edgespec_spec_decode_num_accepted_tokens_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
 
 
 def _meter(meter: Meter | None) -> Meter:
@@ -65,6 +79,8 @@ class CoordinatorMetrics:
         self.self_drafted = m.create_counter(
             "edgespec.spec_decode.self_drafted_tokens", "{token}",
             "cloud drafting: tokens the verifier guessed and scored itself, by outcome (accepted | rejected)")
+        for counter in (self.drafts, self.draft_tokens, self.accepted_tokens):
+            counter.add(0)   # served from the start (see the module doc)
 
     def round(self, sample: RoundSample) -> None:
         """One committed round."""

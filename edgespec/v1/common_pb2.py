@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65\x64gespec/v1/common.proto\x12\x0b\x65\x64gespec.v1\"\x9d\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12+\n\nrelaxation\x18\x05 \x01(\x0b\x32\x17.edgespec.v1.Relaxation\x12\x0f\n\x07\x63oupled\x18\x06 \x01(\x08\x42\x07\n\x05_seed\"\xad\x01\n\nRelaxation\x12.\n\x06method\x18\x01 \x01(\x0e\x32\x1e.edgespec.v1.Relaxation.Method\x12\x0e\n\x06weight\x18\x02 \x01(\x02\x12\x0f\n\x07learned\x18\x03 \x01(\x08\x12\x0e\n\x06margin\x18\x04 \x01(\x02\x12\x0c\n\x04task\x18\x05 \x01(\t\"0\n\x06Method\x12\x0c\n\x08LOSSLESS\x10\x00\x12\x0c\n\x08\x44IVERSED\x10\x01\x12\n\n\x06\x43OSPEC\x10\x02\"2\n\x12SparseDistribution\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\x0f\n\x07weights\x18\x02 \x03(\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65\x64gespec/v1/common.proto\x12\x0b\x65\x64gespec.v1\"\xe9\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12+\n\nrelaxation\x18\x05 \x01(\x0b\x32\x17.edgespec.v1.Relaxation\x12\x0f\n\x07\x63oupled\x18\x06 \x01(\x08\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x12\n\nmin_length\x18\x08 \x01(\x05\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"U\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xad\x01\n\nRelaxation\x12.\n\x06method\x18\x01 \x01(\x0e\x32\x1e.edgespec.v1.Relaxation.Method\x12\x0e\n\x06weight\x18\x02 \x01(\x02\x12\x0f\n\x07learned\x18\x03 \x01(\x08\x12\x0e\n\x06margin\x18\x04 \x01(\x02\x12\x0c\n\x04task\x18\x05 \x01(\t\"0\n\x06Method\x12\x0c\n\x08LOSSLESS\x10\x00\x12\x0c\n\x08\x44IVERSED\x10\x01\x12\n\n\x06\x43OSPEC\x10\x02\"2\n\x12SparseDistribution\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\x0f\n\x07weights\x18\x02 \x03(\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgespec.v1.common_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=42
-  _globals['_SAMPLINGPARAMS']._serialized_end=199
-  _globals['_RELAXATION']._serialized_start=202
-  _globals['_RELAXATION']._serialized_end=375
-  _globals['_RELAXATION_METHOD']._serialized_start=327
-  _globals['_RELAXATION_METHOD']._serialized_end=375
-  _globals['_SPARSEDISTRIBUTION']._serialized_start=377
-  _globals['_SPARSEDISTRIBUTION']._serialized_end=427
+  _globals['_SAMPLINGPARAMS']._serialized_end=275
+  _globals['_TOKENLOGPROB']._serialized_start=277
+  _globals['_TOKENLOGPROB']._serialized_end=362
+  _globals['_RELAXATION']._serialized_start=365
+  _globals['_RELAXATION']._serialized_end=538
+  _globals['_RELAXATION_METHOD']._serialized_start=490
+  _globals['_RELAXATION_METHOD']._serialized_end=538
+  _globals['_SPARSEDISTRIBUTION']._serialized_start=540
+  _globals['_SPARSEDISTRIBUTION']._serialized_end=590
 # @@protoc_insertion_point(module_scope)

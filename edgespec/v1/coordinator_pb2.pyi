@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "max_new_tokens", "window", "chat", "sampling", "resume_token_ids", "messages", "stop")
+    __slots__ = ("prompt", "max_new_tokens", "window", "chat", "sampling", "resume_token_ids", "messages", "stop", "min_tokens")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class GenerateRequest(_message.Message):
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     max_new_tokens: int
     window: int
@@ -25,7 +26,8 @@ class GenerateRequest(_message.Message):
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., window: _Optional[int] = ..., chat: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    min_tokens: int
+    def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., window: _Optional[int] = ..., chat: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., stop: _Optional[_Iterable[str]] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -44,18 +46,20 @@ class GenerateResponse(_message.Message):
     def __init__(self, chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("token_ids", "text", "generated", "position", "unverified")
+    __slots__ = ("token_ids", "text", "generated", "position", "unverified", "logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     UNVERIFIED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     generated: int
     position: int
     unverified: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., generated: _Optional[int] = ..., position: _Optional[int] = ..., unverified: _Optional[bool] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., generated: _Optional[int] = ..., position: _Optional[int] = ..., unverified: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_wall_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter", "stop_sequence", "offered_at_depth", "accepted_at_depth", "free_rounds", "free_drafted_tokens", "free_accepted_tokens")

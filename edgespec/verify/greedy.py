@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
+from edgespec.verify.logprobs import TokenLogprob
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -25,6 +27,8 @@ class Verdict:
     path: tuple[int, ...] = ()   # a tree window's accepted draft indices, root's child first; () = draft[:n]
     drafted: tuple[int, ...] = ()  # a self-drafted window (cloud drafting): the accepted tokens the verifier drafted
     self_drafted: int = field(default=0, compare=False)   # ... and how many it scored (its tree's nodes)
+    # sessions asking for them (SamplingParams.logprobs): the target's log-probabilities, one per committed token
+    logprobs: tuple[TokenLogprob, ...] = field(default=(), compare=False)
 
     def committed(self, draft: Sequence[int]) -> list[int]:
         """The tokens this verdict commits: draft[:n] (a tree's: its accepted path; a self-drafted window's:

@@ -36,6 +36,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from edgespec.verify.greedy import Verdict, verify_greedy
+from edgespec.verify.logprobs import MAX_LOGPROBS
 
 ACCEPT, RESIDUAL, BONUS, DRAFT = "accept", "residual", "bonus", "draft"   # uniform purposes
 GUMBEL = "gumbel"   # the coupled sampler's noise
@@ -82,6 +83,12 @@ class SamplingParams:
     seed: int = 0              # with the position, determines every random draw
     relaxation: Relaxation = Relaxation()   # lossless unless a relaxed verifier is asked for
     coupled: bool = False      # the coupled (Gumbel) sampler: text a function of seed and position alone
+    # vLLM's ignore_eos, min_tokens (edgespec.verify.eos) and logprobs. Not in the fingerprint: they change which
+    # tokens may end a generation, the target's p before an EOS and what a verdict reports, never how p and q warp.
+    ignore_eos: bool = False   # an EOS token does not end the generation (it runs to its budget)
+    min_length: int = 0        # EOS has probability 0 at session positions below this, tokens (0 = never)
+    logprobs: int | None = None  # verdicts carry each committed token's log-probability and those of this many
+                                 # most likely tokens (edgespec.verify.logprobs); None = none
 
     @property
     def greedy(self) -> bool:
@@ -135,6 +142,13 @@ def check_params(params: SamplingParams) -> None:
     if not -1 << 31 <= params.top_k < 1 << 31:
         raise InvalidArgument("top_k", f"must fit in 32 bits, got {params.top_k}")
     check_relaxation(params.relaxation)
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
+        raise InvalidArgument("logprobs", f"must be in 0..{MAX_LOGPROBS}, got {params.logprobs}")
+    if not 0 <= params.min_length < 1 << 31:
+        raise InvalidArgument("min_length", f"must be in [0, 2**31), got {params.min_length}")
+    if params.min_length and params.relaxation.lossy:
+        raise InvalidArgument("min_length", "min_tokens masks the target's EOS; relaxed verification blends in the "
+                              "draft's distribution, which does not: not together")
     if params.coupled and params.relaxation.lossy:
         raise InvalidArgument("coupled", "the coupled sampler is lossless: it cannot be combined with relaxed verification")
 

@@ -221,7 +221,7 @@ async def main(config: CoordinatorConfig) -> None:
     from services.coordinator.servicer import CoordinatorServicer, register
 
     exports = exporters.setup("edgespec-coordinator", config.observability.metrics_port,
-                                  config.observability.otlp_endpoint, config.host)
+                              config.observability.otlp_endpoint, config.host, prometheus=config.http is not None)
     metrics = CoordinatorMetrics()
     # A Hugging Face id as its snapshot in the local cache; chat turns go through the tokenizer's template.
     tokenizer = ChatTemplateTokenizer(load_tokenizer(resolve_spec(config.tokenizer)))
@@ -271,7 +271,8 @@ async def main(config: CoordinatorConfig) -> None:
         from services.coordinator import http_api
 
         api = http_api.OpenAIApp(servicer.generations, interceptors[0] if interceptors else None, config.http,
-                                 draft_only=generation.on_verifier_loss == "draft-only")
+                                 draft_only=generation.on_verifier_loss == "draft-only",
+                                 metrics=lambda: exporters.prometheus_text(exports.registry))
         await http_api.serve(server, health, f"{config.host}:{port}", config.grace_seconds, api, config.security)
     for watcher in watchers:
         watcher.cancel()

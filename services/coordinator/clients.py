@@ -24,7 +24,7 @@ from edgespec.control.sample import RoundSample
 from edgespec.verify.window import Window
 from edgespec.net.transport import PLAINTEXT, ClientSecurity, open_channel
 from edgespec.verify.greedy import Verdict
-from edgespec.net.wire import dists_from_pb, params_to_pb, window_to_pb
+from edgespec.net.wire import dists_from_pb, logprobs_from_pb, params_to_pb, window_to_pb
 
 
 # Reconnect quickly after a peer restarts: grpc's default backoff (1 s, x1.6, up to
@@ -112,7 +112,8 @@ class GrpcVerifier:
             reply.accepted, reply.next_token, verify_compute_seconds=reply.verify_compute_seconds,
             queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address,
             batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens, path=tuple(reply.accepted_nodes),
-            drafted=tuple(reply.drafted_tokens), self_drafted=reply.self_drafted)
+            drafted=tuple(reply.drafted_tokens), self_drafted=reply.self_drafted,
+            logprobs=logprobs_from_pb(reply.logprobs))
 
     async def close(self, session_id: str) -> None:
         self.forget(session_id)

@@ -3,6 +3,8 @@ and event loop.
 
     POST /v1/chat/completions   POST /v1/completions   (stream: true = Server-Sent Events, then data: [DONE])
     GET  /v1/models             GET  /health
+    POST /tokenize              POST /detokenize       (vLLM's: the coordinator's tokenizer and chat template)
+    GET  /metrics               (Prometheus: the coordinator's metrics, vLLM's spec-decode counters among them)
 
 Each completion runs through the same path as the gRPC Generate (servicer.run_generation
 over edgespec.loop.generation), never over a gRPC loopback. The OpenAI shapes (what a
@@ -29,7 +31,7 @@ import ssl
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 from fastapi import FastAPI, Request
@@ -37,8 +39,9 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_client.client import relaxation as relaxation_spec
 from edgespec import errors
-from edgespec.api.openai_compat import (ApiError, OpenAIRequest, chunk_body, completion_body, error_body,
-                                        parse_chat, parse_completion, usage_chunk_body)
+from edgespec.api.openai_compat import (ApiError, OpenAIRequest, chunk_body, completion_body, detokenize_body,
+                                        error_body, logprobs_body, parse_chat, parse_completion, parse_detokenize,
+                                        parse_tokenize, tokenize_body, usage_chunk_body)
 from edgespec.loop.generation import GenerationRequest, Generations, GenerationStats, TextChunk
 from edgespec.net import rpc
 from edgespec.net.security import Guard, ServerSecurity
@@ -62,14 +65,14 @@ PING_SECONDS = 15.0       # an SSE comment this often keeps idle proxies from cl
 
 def api_error(error: errors.EdgespecError, kind: str = "chat") -> ApiError:
     """The HTTP answer to what the generation path raised: the gRPC status table, then HTTP_STATUS."""
-    status = HTTP_STATUS.get(rpc.STATUS_OF.get(type(error), grpc.StatusCode.UNKNOWN), 500)
+    status = HTTP_STATUS.get(rpc.status_of(error), 500)
     param = None
     if isinstance(error, errors.InvalidArgument):
         param = PARAM_NAMES.get(error.field, error.field)
         if error.field == "prompt" and kind == "chat":
             param = "messages"
     problem = ApiError(str(error), param, status, ERROR_TYPE.get(status, "server_error"),
-                       rpc.STATUS_OF.get(type(error), grpc.StatusCode.UNKNOWN).name.lower())
+                       rpc.status_of(error).name.lower())
     problem.retry_after = getattr(error, "retry_after_seconds", None)
     return problem
 
@@ -179,8 +182,9 @@ class OpenAIApp:
     """The FastAPI app and what its handlers share."""
 
     def __init__(self, generations: Generations, guard: Guard | None, config: HttpConfig,
-                 draft_only: bool = False):
+                 draft_only: bool = False, metrics: Callable[[], tuple[bytes, str]] | None = None):
         self.generations = generations
+        self.metrics = metrics          # the Prometheus text and its content type (None: no /metrics)
         self.guard = guard              # the gRPC port's: tokens, rate limit, identity (None: everyone anonymous)
         self.config = config
         self.draft_only = draft_only    # --on-verifier-loss draft-only: serving without a verifier
@@ -188,6 +192,7 @@ class OpenAIApp:
         self.shutting_down = False
         self.created = int(time.time())
         self._model = config.model_name
+        self._info = None               # the first answering verifier's Info (model, vocabulary, limits), once asked
         self.app = self._build()
 
     def _build(self):
@@ -199,6 +204,13 @@ class OpenAIApp:
             serving = not self.shutting_down and (self.draft_only or any(
                 endpoint.serving for endpoint in self.generations.verifier.pool.endpoints.values()))
             return JSONResponse({"status": "ok" if serving else "unavailable"}, status_code=200 if serving else 503)
+
+        @app.get("/metrics")
+        async def metrics():   # open, as /health and the --metrics-port endpoint are: counters, no session data
+            if self.metrics is None:
+                return JSONResponse(error_body("no metrics here", "not_found_error"), status_code=404)
+            text, content_type = self.metrics()
+            return Response(text, media_type=content_type)
 
         @app.get("/v1/models")
         async def models(request: Request):
@@ -217,19 +229,81 @@ class OpenAIApp:
         async def completions(request: Request):
             return await self.complete(request, "text")
 
+        @app.post("/tokenize")
+        async def tokenize(request: Request):
+            return await self.tokenize(request)
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request):
+            return await self.detokenize(request)
+
         return app
 
     async def model(self) -> str:
         """The model id: --served-model-name, else the verifier's model (asked once), else "edgespec"."""
         if not self._model:
+            info = await self.verifier_info()
+            if info is not None:
+                self._model = info.model or "edgespec"
+        return self._model or "edgespec"
+
+    async def verifier_info(self):
+        """The first answering verifier's Info (asked until one answers, then kept); None while none does."""
+        if self._info is None:
             for endpoint in self.generations.verifier.endpoints.values():
                 try:
-                    name = (await endpoint.info()).model
+                    self._info = await endpoint.info()
+                    break
                 except errors.EdgespecError:
                     continue
-                self._model = name or "edgespec"
-                break
-        return self._model or "edgespec"
+        return self._info
+
+    async def _body(self, request, kind: str = "chat"):
+        """The caller admitted and the JSON body read: (body, None), or (None, the error response)."""
+        try:
+            self._admit(request)
+        except errors.EdgespecError as error:
+            return None, self._error(api_error(error, kind))
+        try:
+            return json.loads(await request.body()), None
+        except (ValueError, UnicodeDecodeError) as error:
+            return None, self._error(ApiError(f"the request body is not valid JSON: {error}"))
+
+    async def tokenize(self, request):
+        """vLLM's POST /tokenize: the token ids a prompt (or chat turns, through the chat template) has here, and
+        the longest sequence a session may hold (the verifier's limit; without one answering, the coordinator's)."""
+        body, refused = await self._body(request)
+        if refused is not None:
+            return refused
+        tokenizer = self.generations.tokenizer
+        try:
+            parsed = parse_tokenize(body)
+            if parsed.messages:
+                tokens = tokenizer.encode_chat(parsed.messages, parsed.add_generation_prompt,
+                                               parsed.continue_final_message, parsed.add_special_tokens)
+            else:
+                tokens = tokenizer.tokenize(parsed.prompt, parsed.add_special_tokens)
+        except ApiError as problem:
+            return self._error(problem)
+        except errors.EdgespecError as error:
+            return self._error(api_error(error))
+        info = await self.verifier_info()
+        config = self.generations.config
+        limit = info.max_session_tokens if info is not None else config.max_prompt_tokens + config.max_new_tokens
+        strs = tokenizer.token_strs(tokens) if parsed.return_token_strs else None
+        return JSONResponse(tokenize_body(list(tokens), limit, strs))
+
+    async def detokenize(self, request):
+        """vLLM's POST /detokenize: the text of token ids (each in the verifier's vocabulary)."""
+        body, refused = await self._body(request)
+        if refused is not None:
+            return refused
+        info = await self.verifier_info()
+        try:
+            tokens = parse_detokenize(body, info.vocab_size if info is not None else None)
+        except ApiError as problem:
+            return self._error(problem)
+        return JSONResponse(detokenize_body(self.generations.tokenizer.decode(tokens)))
 
     def _admit(self, request) -> str:
         """Authenticate and rate-limit the caller as the gRPC port does, and set its identity for the
@@ -255,10 +329,11 @@ class OpenAIApp:
             raise ApiError(str(error).replace("--relaxed", "edgespec.relaxed"), "edgespec.relaxed") from None
         params = SamplingParams(temperature=parsed.temperature, top_k=parsed.top_k, top_p=parsed.top_p,
                                 seed=secrets.randbits(63) if parsed.seed is None else parsed.seed,
-                                relaxation=relaxation, coupled=parsed.coupled)
+                                relaxation=relaxation, coupled=parsed.coupled, ignore_eos=parsed.ignore_eos,
+                                logprobs=parsed.logprobs)
         max_tokens = self.generations.config.max_new_tokens if parsed.max_tokens is None else parsed.max_tokens
         return GenerationRequest(parsed.prompt, max_tokens, parsed.window, False, params,
-                                 messages=parsed.messages, stop=parsed.stop)
+                                 messages=parsed.messages, stop=parsed.stop, min_tokens=parsed.min_tokens)
 
     async def complete(self, request, kind: str):
         try:
@@ -300,13 +375,15 @@ class OpenAIApp:
 
     async def _whole(self, run: _Run, event, parsed: OpenAIRequest, response_id: str, model: str, request,
                      request_id: str, session_id: str):
-        text, pieces = _Text(), []
+        text, pieces, entries = _Text(), [], []
         while event is not _DONE:
             if isinstance(event, GenerationStats):
                 pieces.append(text.end(event))
+                logprobs = logprobs_body(parsed, entries, self.generations.tokenizer.token_text)
                 return JSONResponse(completion_body(parsed, response_id, int(time.time()), model, "".join(pieces),
-                                                    event), headers={logs.REQUEST_ID_KEY: request_id})
+                                                    event, logprobs), headers={logs.REQUEST_ID_KEY: request_id})
             pieces.append(text.add(event))
+            entries.extend(event.logprobs)
             event = await _next_or_gone(run, request)
             if event is None:
                 return self._gone(session_id)
@@ -320,8 +397,10 @@ class OpenAIApp:
         def data(body: dict) -> dict:
             return {"data": json.dumps(body, ensure_ascii=False, separators=(",", ":"))}
 
+        token_text = self.generations.tokenizer.token_text
+
         async def events():
-            text, event = _Text(), first
+            text, event, offset = _Text(), first, 0   # offset: completions' text_offset of the next token
             try:
                 if parsed.kind == "chat":
                     yield data(chunk_body(parsed, response_id, created, model, "", first=True))
@@ -335,8 +414,10 @@ class OpenAIApp:
                             yield data(usage_chunk_body(parsed, response_id, created, model, event))
                     else:
                         piece = text.add(event)
-                        if piece:
-                            yield data(chunk_body(parsed, response_id, created, model, piece))
+                        logprobs = logprobs_body(parsed, event.logprobs, token_text, offset) if event.logprobs else None
+                        offset += sum(len(token_text(entry.token)) for entry in event.logprobs)
+                        if piece or logprobs:
+                            yield data(chunk_body(parsed, response_id, created, model, piece, logprobs=logprobs))
                     event = await run.next()
             except errors.EdgespecError as error:   # after the headers: an error event, as OpenAI sends one
                 problem = api_error(error, parsed.kind)

@@ -25,7 +25,7 @@ from edgespec.loop.generation import (FreeDrafter, GenerationConfig, GenerationR
                                      TextChunk)
 from edgespec.loop.rounds import DrafterPort
 from edgespec.net.security import SessionOwners
-from edgespec.net.wire import params_from_pb
+from edgespec.net.wire import logprobs_to_pb, params_from_pb
 from edgespec.observe import logs, tracing
 from edgespec.observe.metrics import CoordinatorMetrics
 from edgespec.v1 import coordinator_pb2 as pb
@@ -68,7 +68,8 @@ def request_from_pb(request: pb.GenerateRequest) -> GenerationRequest:
     return GenerationRequest(request.prompt, request.max_new_tokens, request.window, request.chat,
                              params_from_pb(request.sampling, default_seed=secrets.randbits(63)),
                              tuple(request.resume_token_ids),
-                             tuple(ChatMessage(m.role, m.content) for m in request.messages), tuple(request.stop))
+                             tuple(ChatMessage(m.role, m.content) for m in request.messages), tuple(request.stop),
+                             request.min_tokens)
 
 
 def response_to_pb(event: TextChunk | GenerationStats) -> pb.GenerateResponse:
@@ -76,7 +77,7 @@ def response_to_pb(event: TextChunk | GenerationStats) -> pb.GenerateResponse:
     values = {field.name: getattr(event, field.name) for field in dataclasses.fields(event)}
     if isinstance(event, GenerationStats):
         return pb.GenerateResponse(stats=pb.GenerationStats(**values))
-    return pb.GenerateResponse(chunk=pb.TokenChunk(**values))
+    return pb.GenerateResponse(chunk=pb.TokenChunk(**{**values, "logprobs": logprobs_to_pb(event.logprobs)}))
 
 
 def register(servicer: CoordinatorServicer):

@@ -19,12 +19,13 @@ from edgespec.engines.batching import BatchPolicy
 from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.engines.self_draft import SelfDraftConfig
 from edgespec.engines.verifier import VerifierLimits
-from edgespec.backends import vllm_lm
+from edgespec.backends import llamacpp, vllm_lm
 from edgespec.backends.vllm_lm import VllmOptions
 
 log = logging.getLogger("edgespec.verifier")
 
 MB = 1 << 20
+MAX_PREFILL_CHUNK = 2048      # llama.cpp's batch (n_batch): one part is one llama_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,13 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
     group.add_argument("--forget-after", type=float, default=3600.0,
                        help="seconds a session may sit idle before it is dropped entirely (the coordinator re-opens "
                             "it with its committed prefix); 0 = never (default %(default)s)")
+    group.add_argument("--prefill-chunk", type=int, default=None,
+                       help="a session's prompt is prefilled in parts of this many tokens, and other sessions' "
+                            "windows are verified between the parts, so a long prompt delays their tokens by one "
+                            "part, not the whole prompt; 0 = the prompt in one part. With --backend llamacpp it is "
+                            "also llama.cpp's ubatch (-ub), so a prompt is computed exactly as llama.cpp's own run "
+                            "with that -ub computes it; vLLM chunks prompts itself (default: "
+                            f"{llamacpp.PREFILL_CHUNK} with llamacpp, 0 with torch)")
     parser.add_argument("--profile-window", type=int, default=None,
                         help="at start, time one target forward over a window of 0..N tokens (a few seconds on a "
                              "CPU) and report it in Info: the coordinator's window policy costs a window it has not "
@@ -128,6 +136,8 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         if args.kv_budget_mb or args.max_session_kv_mb:
             parser.error("--kv-budget-mb and --max-session-kv-mb are the torch and llama.cpp backends' KV limits: "
                          "vLLM sizes its own KV cache (--gpu-memory-utilization, --vllm-kv-cache-gb)")
+        if args.prefill_chunk:
+            parser.error("--prefill-chunk is the torch and llama.cpp backends' setting: vLLM chunks prompts itself")
         if min(args.tensor_parallel_size, args.pipeline_parallel_size) < 1:
             parser.error("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
         if not 0 < args.gpu_memory_utilization <= 1:
@@ -160,13 +170,18 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         parser.error("--kv-budget-mb, --max-session-kv-mb, --idle-ttl and --forget-after must be >= 0")
     if args.idle_ttl and args.forget_after and args.forget_after < args.idle_ttl:
         parser.error("--forget-after must be at least --idle-ttl")
+    if args.prefill_chunk is None:
+        args.prefill_chunk = llamacpp.PREFILL_CHUNK if args.backend == "llamacpp" else 0
+    if not 0 <= args.prefill_chunk <= MAX_PREFILL_CHUNK:
+        parser.error(f"--prefill-chunk must be in 0..{MAX_PREFILL_CHUNK}, got {args.prefill_chunk}")
     if args.backend == "llamacpp" and args.model.startswith("tiny:"):
         parser.error("--backend llamacpp needs a GGUF model ('target', 'draft', 'smollm2' or a .gguf file); "
                      "tiny:SEED models exist only for torch")
     return VerifierConfig(
         service, BatchPolicy(args.max_batch, args.batch_wait_ms / 1000, args.max_queue, args.batch_wait_fraction),
         VerifierLimits(service.max_window, service.max_session_tokens, round(args.max_session_kv_mb * MB),
-                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after), args.backend,
+                       round(args.kv_budget_mb * MB), args.idle_ttl, args.forget_after, args.prefill_chunk),
+        args.backend,
         args.profile_window, SelfDraftConfig(nodes=args.self_draft_nodes), options)
 
 
@@ -178,12 +193,12 @@ def load_target(config: VerifierConfig):
         lm = vllm_lm.load(str(path), config.vllm, service.max_window)
         return lm, vllm_lm.eos_ids(path)
     if config.backend == "llamacpp":
-        from edgespec.backends import llamacpp
         from edgespec.backends.assets import gguf_spec
 
+        # a prompt's parts are llama.cpp's ubatches, so it is computed as llama.cpp's own run with that -ub computes it
+        exact = llamacpp.exact_settings(service.llamacpp.exact, service.threads, config.limits.prefill_chunk_tokens)
         lm = llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
-                           service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes,
-                           exact=llamacpp.exact_settings(service.llamacpp.exact, service.threads))
+                           service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes, exact=exact)
         return lm, lm.eos_ids()
     import torch
 

@@ -19,7 +19,7 @@ from edgespec.errors import EdgespecError
 from edgespec.observe.metrics import VerifierMetrics
 from edgespec.net.security import SessionOwners
 from edgespec.v1 import verifier_pb2 as pb
-from edgespec.net.wire import params_from_pb, window_from_pb
+from edgespec.net.wire import logprobs_to_pb, params_from_pb, window_from_pb
 from edgespec.v1 import verifier_pb2_grpc
 from edgespec.engines.verifier import Usage, VerifierEngine
 from edgespec.engines.worker import ModelWorker
@@ -52,8 +52,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         with (tracing.server_span("verifier.open_session", tracing.incoming_carrier(context.invocation_metadata()),
                                   {tracing.SESSION_ID: request.session_id, "edgespec.tokens": len(request.tokens)}),
               self.owners.opening(request.session_id)):
-            (seconds, usage), _ = await self.worker.call(self._open, request.session_id, list(request.tokens),
-                                                         params_from_pb(request.sampling))
+            seconds, usage = await self._open(request.session_id, list(request.tokens),
+                                              params_from_pb(request.sampling))
         self._usage(usage)
         log.info("session %s opened: %d tokens prefilled in %.3fs", request.session_id, len(request.tokens), seconds)
         return pb.OpenSessionResponse(committed_position=len(request.tokens), prefill_seconds=seconds)
@@ -88,7 +88,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                           batch_tokens=result.batch_tokens if verdict else 0,
                           accepted_nodes=verdict.path if verdict else (),
                           drafted_tokens=verdict.drafted if verdict else (),
-                          self_drafted=verdict.self_drafted if verdict else 0)
+                          self_drafted=verdict.self_drafted if verdict else 0,
+                          logprobs=logprobs_to_pb(verdict.logprobs) if verdict else ())
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
         try:
@@ -112,9 +113,22 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                          len(evicted.kv_dropped), len(evicted.forgotten))
             self._usage(usage)
 
+    async def _open(self, session_id: str, tokens: list[int], params) -> tuple[float, Usage]:
+        """Open a session, its prompt prefilled a part per worker call: windows the scheduler hands the worker
+        meanwhile run between the parts, so one long prompt does not stall every other session's tokens."""
+        await self.worker.call(self.engine.begin_open, session_id, tokens, params)
+        try:
+            while True:
+                (seconds, usage), _ = await self.worker.call(self._prefill_more, session_id)
+                if seconds is not None:
+                    return seconds, usage
+        except BaseException:   # cancelled (the caller went away) or failed: no half-open session stays behind
+            await asyncio.shield(self.worker.call(self.engine.abandon_open, session_id))
+            raise
+
     # On the model worker: the engine call, then the engine's usage for the metrics (read where it cannot change).
-    def _open(self, session_id, tokens, params) -> tuple[float, Usage]:
-        return self.engine.open(session_id, tokens, params), self.engine.usage()
+    def _prefill_more(self, session_id) -> tuple[float | None, Usage]:
+        return self.engine.prefill_more(session_id), self.engine.usage()
 
     def _close(self, session_id) -> Usage:
         self.engine.close(session_id)

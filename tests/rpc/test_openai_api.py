@@ -3,16 +3,22 @@
 import asyncio
 import json
 import re
+import subprocess
 import time
 import urllib.request
 
+import grpc
 import httpx2 as httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cluster import LocalCluster, start_service, stop_service
+from bench.cluster import REPO_ROOT, LocalCluster, start_service, stop_service
 from edge_client.client import generate
+from edgespec.backends.registry import TINY_EOS
+from edgespec.backends.tokenizer import ByteTokenizer
+from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.tiny import target_only_greedy_eos, tiny
 
 TARGET, DRAFT = "tiny:7", "tiny:7~1"
 PROMPTS = ["def add(a, b):", "Speculative decoding is"]
@@ -196,6 +202,127 @@ def test_stop_sequence_across_a_chunk_boundary_is_cut_exactly(cluster, client):
     assert wait_no_sessions(cluster) == 0
 
 
+EOS_PROMPT = "The cat"   # the target's greedy continuation ends with EOS at its 34th token
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_min_tokens_and_ignore_eos_give_the_targets_own_output(cluster, client, endpoint):
+    """vLLM's meaning: min_tokens masks EOS for that many tokens, ignore_eos runs past EOS to max_tokens; the text
+    is the target's own (greedy) decoding with that rule, whatever the windows."""
+    def run(**extra):
+        if endpoint == "chat":
+            whole = client.chat.completions.create(**chat_args(EOS_PROMPT, 48, extra_body=extra))
+            return whole.choices[0].message.content, whole.choices[0].finish_reason, whole.usage.completion_tokens
+        whole = client.completions.create(model="tiny", prompt=EOS_PROMPT, max_tokens=48, temperature=0,
+                                          extra_body=extra)
+        return whole.choices[0].text, whole.choices[0].finish_reason, whole.usage.completion_tokens
+
+    def expected(**rule):
+        tokens = target_only_greedy_eos(TARGET, tuple(EOS_PROMPT.encode()), 48, **rule)
+        ended = tokens[-1] == TINY_EOS and not rule.get("ignore_eos")
+        return ByteTokenizer().decode(tokens), "stop" if ended else "length", len(tokens)
+
+    assert run() == expected() and expected()[1:] == ("stop", 34)
+    for window in (0, 3):
+        options = {"edgespec": {"window": window}}
+        assert run(min_tokens=40, **options) == expected(min_tokens=40)
+        assert run(ignore_eos=True, **options) == expected(ignore_eos=True)
+        assert expected(ignore_eos=True)[1:] == ("length", 48)
+    assert wait_no_sessions(cluster) == 0
+
+
+def target_alone_logprobs(prompt: str, tokens):
+    """[len(tokens), V]: the target alone over the prompt and ``tokens`` in one forward, log-softmax at T = 1."""
+    import torch
+
+    ids = list(prompt.encode())
+    with torch.no_grad():
+        logits = tiny(TARGET).model(torch.tensor([ids + list(tokens)])).logits[0, len(ids) - 1:-1]
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def token_text(token: int) -> str:
+    return ByteTokenizer().decode([token])
+
+
+def test_chat_logprobs_are_the_targets_own_whole_and_streamed(cluster, client):
+    tokens = target_only_greedy_eos(TARGET, tuple(PROMPTS[1].encode()), 30)
+    reference = target_alone_logprobs(PROMPTS[1], tokens)
+    args = chat_args(PROMPTS[1], 30, logprobs=True, top_logprobs=3, extra_body={"edgespec": {"window": 3}})
+    whole = client.chat.completions.create(**args)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == len(tokens) == whole.usage.completion_tokens
+    for entry, token, row in zip(content, tokens, reference):
+        assert (entry.token, entry.bytes) == (token_text(token), list(token_text(token).encode()))
+        assert entry.logprob == pytest.approx(float(row[token]), abs=1e-4)
+        values, ids = row.topk(3)
+        assert [t.token for t in entry.top_logprobs] == [token_text(i) for i in ids.tolist()]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(values.tolist(), abs=1e-4)
+    streamed_content = [entry for chunk in client.chat.completions.create(**args, stream=True)
+                        for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
+    assert [e.model_dump() for e in streamed_content] == [e.model_dump() for e in content]
+
+
+def test_completions_logprobs_whole_and_streamed(cluster, client):
+    tokens = target_only_greedy_eos(TARGET, tuple(PROMPTS[0].encode()), 20)
+    reference = target_alone_logprobs(PROMPTS[0], tokens)
+    args = dict(model="tiny", prompt=PROMPTS[0], max_tokens=20, temperature=0, logprobs=2)
+    whole = client.completions.create(**args).choices[0].logprobs
+    assert whole.tokens == [token_text(t) for t in tokens]
+    assert whole.token_logprobs == pytest.approx([float(row[t]) for row, t in zip(reference, tokens)], abs=1e-4)
+    assert whole.text_offset == [sum(len(t) for t in whole.tokens[:i]) for i in range(len(tokens))]
+    for top, token, row in zip(whole.top_logprobs, tokens, reference):
+        values, ids = row.topk(2)
+        assert top == pytest.approx({token_text(token): float(row[token]),
+                                     **{token_text(i): v for i, v in zip(ids.tolist(), values.tolist())}}, abs=1e-4)
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**args, stream=True)
+                if c.choices and c.choices[0].logprobs]
+    assert [t for lp in streamed for t in lp.tokens] == whole.tokens
+    assert [o for lp in streamed for o in lp.text_offset] == whole.text_offset
+    # the adaptive windows may differ between the two runs: the same values, up to the forward shapes' rounding
+    assert [v for lp in streamed for v in lp.token_logprobs] == pytest.approx(whole.token_logprobs, abs=1e-4)
+
+
+def test_sampled_logprobs_over_grpc_are_the_targets_own_at_the_sampled_tokens(cluster):
+    async def go():
+        return [event.chunk async for event in generate(cluster.coordinator.address, PROMPTS[1], 30, 3, chat=False,
+                                                        timeout_seconds=TIMEOUT, temperature=0.8, seed=5, logprobs=2)
+                if event.HasField("chunk")]
+    chunks = asyncio.run(go())
+    tokens = [t for c in chunks for t in c.token_ids]
+    entries = [e for c in chunks for e in c.logprobs]
+    reference = target_alone_logprobs(PROMPTS[1], tokens)
+    assert [e.token for e in entries] == tokens
+    assert [e.logprob for e in entries] == pytest.approx([float(row[t]) for row, t in zip(reference, tokens)],
+                                                         abs=1e-4)
+    assert [list(e.top_ids) for e in entries] == [row.topk(2).indices.tolist() for row in reference]
+
+
+def test_langchain_chat_openai_invoke_and_stream(cluster):
+    """A second real client: LangChain's ChatOpenAI, whole and streamed, with log-probabilities and vLLM's
+    parameters through its extra_body."""
+    from langchain_openai import ChatOpenAI
+
+    prompt = PROMPTS[1]
+    expected, _, stats = grpc_generation(cluster, prompt, 40, 3)
+    llm = ChatOpenAI(base_url=cluster.url + "/v1", api_key="unused", model="tiny", temperature=0, max_tokens=40,
+                     timeout=TIMEOUT, max_retries=0, stream_usage=True, extra_body={"edgespec": {"window": 3}})
+    reply = llm.invoke(prompt)
+    assert reply.content == expected
+    assert reply.usage_metadata["output_tokens"] == stats.new_tokens
+    assert reply.response_metadata["finish_reason"] == {"eos": "stop", "length": "length"}[stats.finish_reason]
+    chunks = list(llm.stream(prompt))
+    assert "".join(chunk.content for chunk in chunks) == expected
+    assert sum((chunk.usage_metadata or {}).get("output_tokens", 0) for chunk in chunks) == stats.new_tokens
+    scored = llm.bind(logprobs=True, top_logprobs=2).invoke(prompt)
+    assert len(scored.response_metadata["logprobs"]["content"]) == stats.new_tokens
+    eos = ChatOpenAI(base_url=cluster.url + "/v1", api_key="unused", model="tiny", temperature=0, max_tokens=48,
+                     timeout=TIMEOUT, max_retries=0, extra_body={"ignore_eos": True, "edgespec": {"window": 3}})
+    assert eos.invoke(EOS_PROMPT).usage_metadata["output_tokens"] == 48
+    assert "".join(chunk.content for chunk in eos.stream(EOS_PROMPT)) == ByteTokenizer().decode(
+        target_only_greedy_eos(TARGET, tuple(EOS_PROMPT.encode()), 48, ignore_eos=True))
+
+
 def post(cluster, path, body, headers=None, raw=None):
     return httpx.post(cluster.url + path, content=raw if raw is not None else json.dumps(body),
                       headers={"Content-Type": "application/json", **(headers or {})}, timeout=TIMEOUT)
@@ -217,13 +344,19 @@ GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
     ({**GOOD, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({**GOOD, "stop": 5}, "stop"),
     ({**GOOD, "stop": [""]}, "stop"),
-    ({**GOOD, "logprobs": True}, "logprobs"),
-    ({**GOOD, "top_logprobs": 2}, "top_logprobs"),
+    ({**GOOD, "logprobs": "yes"}, "logprobs"),
+    ({**GOOD, "top_logprobs": 2}, "top_logprobs"),                 # without logprobs: true
+    ({**GOOD, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({**GOOD, "seed": 1.5}, "seed"),
     ({**GOOD, "stream": "yes"}, "stream"),
     ({**GOOD, "edgespec": {"window": 99}}, "edgespec.window"),
     ({**GOOD, "edgespec": {"windw": 2}}, "edgespec.windw"),
     ({**GOOD, "edgespec": {"relaxed": "bogus"}}, "edgespec.relaxed"),
+    ({**GOOD, "ignore_eos": "yes"}, "ignore_eos"),
+    ({**GOOD, "min_tokens": -1}, "min_tokens"),
+    ({**GOOD, "min_tokens": 6}, "min_tokens"),                                   # above max_tokens
+    ({"messages": GOOD["messages"], "min_tokens": MAX_NEW + 1}, "min_tokens"),   # above the server's budget
+    ({**GOOD, "repetition_penalty": 1.3}, "repetition_penalty"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_invalid_requests_are_400_with_an_openai_error_and_change_nothing(cluster, body, param):
     for stream in (False, True):
@@ -233,6 +366,90 @@ def test_invalid_requests_are_400_with_an_openai_error_and_change_nothing(cluste
         assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
         assert set(error) == {"message", "type", "param", "code"}
     assert wait_no_sessions(cluster) == 0
+
+
+def verifier_info(cluster):
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.verifier.address) as channel:
+            return await verifier_pb2_grpc.VerifierStub(channel).Info(verifier_pb2.InfoRequest())
+    return asyncio.run(go())
+
+
+def test_tokenize_and_detokenize_as_vllm_answers_them(cluster):
+    """vLLM's shapes: what `vllm bench serve` sends to align its prompts, and the chat form."""
+    prompt = "Speculative decoding is"
+    answer = post(cluster, "/tokenize", {"model": "tiny", "prompt": prompt, "add_special_tokens": False})
+    assert answer.status_code == 200, answer.text
+    limit = verifier_info(cluster).max_session_tokens
+    assert answer.json() == {"count": len(prompt), "max_model_len": limit, "tokens": list(prompt.encode()),
+                             "token_strs": None}
+    tokens = answer.json()["tokens"]
+    answer = post(cluster, "/detokenize", {"model": "tiny", "tokens": tokens[:11]})
+    assert (answer.status_code, answer.json()) == (200, {"prompt": prompt[:11]})
+    # The chat form: the tokens a chat completion's prompt has (usage.prompt_tokens), with the assistant's turn open.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    chat = post(cluster, "/tokenize", {"messages": messages}).json()
+    whole = post(cluster, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}).json()
+    assert chat["count"] == whole["usage"]["prompt_tokens"] == len(chat["tokens"])
+    assert bytes(chat["tokens"]).endswith(b"\nassistant:")
+    closed = post(cluster, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()
+    assert chat["tokens"][:closed["count"]] == closed["tokens"] and closed["count"] < chat["count"]
+    strs = post(cluster, "/tokenize", {"prompt": "hi", "return_token_strs": True}).json()
+    assert strs["token_strs"] == ["h", "i"]
+    for path, body, param in (("/tokenize", {"prompt": 3}, "prompt"), ("/tokenize", {"messages": []}, "messages"),
+                              ("/detokenize", {"tokens": [1, 5000]}, "tokens"), ("/detokenize", {}, "tokens")):
+        answer = post(cluster, path, body)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+    assert post(cluster, "/tokenize", None, raw="{no").status_code == 400
+
+
+def scrape_api(cluster) -> dict[tuple[str, tuple], float]:
+    """GET /metrics on the API port as {(sample name, sorted labels): value}."""
+    answer = httpx.get(cluster.url + "/metrics", timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(answer.text) for s in family.samples}
+
+
+def test_metrics_on_the_api_port_count_the_generations_rounds_under_vllms_names(cluster, client):
+    before = scrape_api(cluster)
+    whole = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0,
+                                      extra_body={"edgespec": {"window": 3}})
+    stats, after = whole.model_extra["edgespec"], scrape_api(cluster)
+
+    def delta(name, labels=()):
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+    target_only = delta("edgespec_spec_decode_window_size_bucket", (("le", "0"),))
+    assert delta("vllm:spec_decode_num_drafts_total") == stats["rounds"] - target_only > 0
+    assert delta("vllm:spec_decode_num_draft_tokens_total") == stats["drafted_tokens"] > 0
+    assert delta("vllm:spec_decode_num_accepted_tokens_total") == stats["accepted_tokens"]
+    per_position = {dict(labels)["position"]: delta(name, labels) for name, labels in after
+                    if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total"}
+    assert sum(per_position.values()) == stats["accepted_tokens"]
+    for (name, labels), value in after.items():   # the same counters, twice
+        if name.startswith("vllm:"):
+            assert after[("edgespec_" + name.removeprefix("vllm:"), labels)] == value
+
+
+def test_vllm_bench_serves_own_client_code_works_against_the_api(cluster):
+    """vLLM's request functions, spec-decode scrape and prompt alignment (tests/vllm_bench_client.py)."""
+    python = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no vLLM environment (bash scripts/vllm_env.sh)")
+    run = subprocess.run([str(python), "-m", "tests.vllm_bench_client", cluster.url, "tiny"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.splitlines()[-1])
+    expected = target_only_greedy_eos(TARGET, tuple(EOS_PROMPT.encode()), 48, ignore_eos=True)
+    assert result["completions"] == {"generated_text": ByteTokenizer().decode(expected), "success": True,
+                                     "output_tokens": 48, "error": ""}
+    assert result["chat"]["success"] and result["chat"]["output_tokens"] == 8, result["chat"]
+    before, after = result["before"], result["after"]
+    assert after["num_drafts"] > before["num_drafts"] and after["num_draft_tokens"] > before["num_draft_tokens"]
+    scraped = scrape_api(cluster)
+    assert after["num_accepted_tokens"] == scraped[("vllm:spec_decode_num_accepted_tokens_total", ())]
+    assert sum(after["accepted_per_pos"].values()) == after["num_accepted_tokens"]
+    assert result["aligned"] == [["Specu", 5]]   # 20 tokens here, 5 as the benchmark counted: cut to 5 of ours
 
 
 def test_bad_json_and_unknown_fields(cluster):
@@ -289,7 +506,8 @@ def guarded(cluster, tmp_path_factory):
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-alice"}],
                          ids=["missing", "wrong", "not-bearer"])
 def test_auth_missing_or_wrong_is_401(guarded, headers):
-    for path, body in (("/v1/chat/completions", GOOD), ("/v1/completions", {"prompt": "hi", "max_tokens": 3})):
+    for path, body in (("/v1/chat/completions", GOOD), ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
+                       ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [104]})):
         answer = post(guarded, path, body, headers)
         assert answer.status_code == 401, answer.text
         assert answer.json()["error"]["type"] == "authentication_error"

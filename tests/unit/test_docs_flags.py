@@ -29,6 +29,7 @@ DESCRIBED = {
     ("--profile-window", "8, at most --max-window"): None,   # None = min(8, --max-window)
     ("--http-host", "--host"): "",                # "" = the --host address
     ("--ctx-tokens", "by --exact"): None,         # None = llamacpp.context_size's default for the mode
+    ("--prefill-chunk", "64 (llamacpp), 0 (torch)"): None,   # None = llamacpp.PREFILL_CHUNK, or 0 off llama.cpp
     ("--max-sequences", "by --exact"): None,
     ("--served-model-name", "the verifier's model"): "",
     **{(f"--upstream-{flag}", "plaintext"): None for flag in ("tls-ca", "tls-cert", "tls-key", "token-file")},

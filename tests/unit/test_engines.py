@@ -293,3 +293,52 @@ def test_a_draft_is_not_sent_where_catching_the_drafter_up_costs_more_than_draft
     assert slow.catchup_outweighs_drafting()
     slow.telemetry.draft_prefill_per_token = 0.0                # the prefill's price unknown: no veto
     assert not slow.catchup_outweighs_drafting()
+
+
+def test_a_prompt_prefilled_in_parts_lets_other_sessions_verify_between_them_and_decodes_as_target_only():
+    """With prefill_chunk_tokens, an open's prompt is prefilled a part per prefill_more call; another session's
+    windows verify between the parts; the opening session takes no windows until its last part, then decodes the
+    target's own greedy tokens. Closing it half-open, or re-opening it, leaves nothing behind."""
+    prompt = list(b"for i in range(10):\n    print(i)")   # 32 tokens: 4 parts of 8
+    engine = VerifierEngine(tiny("tiny:3"), [TINY_EOS],
+                            VerifierLimits(max_window=4, max_session_tokens=128, prefill_chunk_tokens=8))
+    engine.open("other", list(b"Hi!"))
+    engine.begin_open("long", prompt)
+    parts = 0
+    while (seconds := engine.prefill_more("long")) is None:
+        parts += 1
+        with pytest.raises(NotFound):
+            engine.verify("long", len(prompt), [])
+        engine.verify("other", len(engine.committed("other")), [])   # runs between the parts
+    assert parts == 3 and seconds > 0 and engine.session_count == 2
+    while len(engine.committed("long")) < len(prompt) + 12:
+        engine.verify("long", len(engine.committed("long")), [])
+    assert engine.committed("long")[len(prompt):] == target_only_greedy("tiny:3", prompt, 12)
+    assert engine.usage().prefilled_tokens == len(prompt) - 1 + 2
+
+    engine.begin_open("half", prompt)
+    engine.prefill_more("half")
+    engine.close("half")                                   # closed half-open: gone
+    with pytest.raises(NotFound):
+        engine.prefill_more("half")
+    engine.begin_open("long", prompt[:9])                  # a re-open replaces the session
+    with pytest.raises(NotFound):
+        engine.verify("long", 9, [])
+    assert engine.prefill_more("long") is None and engine.prefill_more("long") is not None
+    assert engine.committed("long") == prompt[:9] and engine.session_count == 2
+
+
+def test_an_opening_session_holds_its_room_in_the_kv_budget():
+    """What an opening session reserved counts as held while its parts are prefilled, so another open that would
+    not fit beside it is refused instead of over-filling the budget."""
+    from edgespec.errors import ResourceExhausted
+
+    lm = tiny("tiny:3")
+    engine = VerifierEngine(lm, [TINY_EOS], VerifierLimits(max_window=4, max_session_tokens=128, prefill_chunk_tokens=8,
+                                                           kv_budget_bytes=40 * lm.kv_bytes_per_token))
+    engine.begin_open("a", [1] * 30)
+    assert engine.prefill_more("a") is None
+    with pytest.raises(ResourceExhausted):
+        engine.open("b", [1] * 20)
+    engine.open("c", [1] * 9)
+    assert engine.session_count == 1 and engine.prefill_more("a") is None

@@ -122,3 +122,14 @@ def test_a_stream_binds_each_window_checks_its_owner_and_ends_with_the_errors_st
     assert exhausted[3][rpc.RETRY_AFTER_KEY] == "250"
     assert denied[:2] == ([], grpc.StatusCode.PERMISSION_DENIED)
     assert [s for s in servicer.seen if s[0] == "verify"] == [("verify", "s1", "req-alice", "alice")] * 3
+
+
+def test_a_subclass_of_a_domain_error_gets_its_base_class_status():
+    """A backend's own error class (llama.cpp's ContextFull is a ResourceExhausted) ends a call with its base
+    class's status, not UNKNOWN."""
+    class ContextFull(ResourceExhausted):
+        pass
+
+    assert rpc.status_of(ContextFull("no free sequence")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert rpc.status_of(InvalidArgument("x", "bad")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc.status_of(ValueError("not a domain error")) == grpc.StatusCode.UNKNOWN

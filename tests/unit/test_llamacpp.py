@@ -15,7 +15,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is install
 
 from edgespec.backends import llamacpp  # noqa: E402
 from edgespec.engines.drafter import DrafterEngine  # noqa: E402
-from edgespec.engines.verifier import VerifierEngine  # noqa: E402
+from edgespec.engines.verifier import VerifierEngine, VerifierLimits  # noqa: E402
 from edgespec.errors import ResourceExhausted  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
 from edgespec.loop.speculation import speculate  # noqa: E402
@@ -329,5 +329,34 @@ def test_a_failed_window_row_check_feeds_windows_one_row_a_decode(monkeypatch, c
         assert lm.exact.window_rows == 1
         assert "windows go in decodes of 1 row(s)" in caplog.text
         assert window_matches_steps(lm, PROMPTS[0], 5)
+    finally:
+        lm.close()
+
+
+def test_a_prompt_prefilled_in_parts_of_the_ubatch_is_computed_as_one_prefill():
+    """The verifier prefills a prompt in parts of its --prefill-chunk, which is also llama.cpp's ubatch: the cells
+    and the next logits are then bit for bit those of the prompt fed in one call (as llama.cpp's own run with that
+    -ub feeds it), and the verifier engine's parts decode the same tokens."""
+    prompt = PROMPTS[0] + PROMPTS[1] + PROMPTS[2] + PROMPTS[1]      # 92 tokens: parts of 16, the last of 12
+    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=2048, max_sequences=4,
+                       exact=llamacpp.exact_settings("on", 2, 16))
+    try:
+        assert lm.exact.ubatch_tokens == 16 and "-ub 16" in lm.exact.cli(2)
+        whole = lm.new_state()
+        lm.prefill(whole, prompt)
+        parted = lm.new_state()
+        for end in range(16, len(prompt) + 16, 16):
+            lm.prefill(parted, prompt[:end])
+        assert np.array_equal(lm.logits_rows(parted, prompt + [5], 2), lm.logits_rows(whole, prompt + [5], 2))
+        engine = VerifierEngine(lm, lm.eos_ids(), VerifierLimits(max_window=4, prefill_chunk_tokens=16))
+        engine.begin_open("s", prompt)
+        assert [engine.prefill_more("s") for _ in range(5)] == [None] * 5 and engine.prefill_more("s") > 0
+        for _ in range(6):
+            engine.verify("s", len(engine.committed("s")), [])
+        alone = VerifierEngine(lm, lm.eos_ids())
+        alone.open("s", prompt)
+        for _ in range(6):
+            alone.verify("s", len(alone.committed("s")), [])
+        assert engine.committed("s") == alone.committed("s")
     finally:
         lm.close()

@@ -72,6 +72,12 @@ def test_bad_flag_values_exit_with_usage():
         with pytest.raises(SystemExit):
             verifier_args(["--profile-window", bad])
     assert verifier_args(["--profile-window", "0"]).profile_window == 0 and verifier_args([]).profile_window == 8
+    for bad in (["--prefill-chunk", "-1"], ["--prefill-chunk", "4096"], ["--prefill-chunk", "x"]):
+        with pytest.raises(SystemExit):
+            verifier_args(bad)
+    assert verifier_args([]).limits.prefill_chunk_tokens == 0                       # torch: one part
+    assert verifier_args(["--backend", "llamacpp"]).limits.prefill_chunk_tokens == 64
+    assert verifier_args(["--backend", "llamacpp", "--prefill-chunk", "0"]).limits.prefill_chunk_tokens == 0
     for bad in (["--max-batch", "0"], ["--max-queue", "0"], ["--idle-ttl", "-1"],
                 ["--idle-ttl", "60", "--forget-after", "30"]):
         with pytest.raises(SystemExit):
@@ -208,6 +214,7 @@ def test_help_names_the_environment_variable_of_each_flag(module, prefix):
     (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be in (0, 1]"),
     (["--vllm-kv-cache-gb", "0"], "--vllm-kv-cache-gb must be > 0"),
     (["--max-model-len", "16"], "--max-model-len must hold at least one window"),
+    (["--prefill-chunk", "64"], "vLLM chunks prompts itself"),
     ([], "needs vLLM, which this Python lacks"),      # this environment has no vLLM: the last check
 ])
 def test_bad_vllm_backend_flags_say_what_is_wrong(flags, says, capsys):

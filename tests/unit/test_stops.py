@@ -106,7 +106,7 @@ def test_openai_requests_parse_and_refuse():
             parse_chat(body)
         assert raised.value.param == param and raised.value.status == 400
     with pytest.raises(ApiError):
-        parse_completion({"prompt": "p", "logprobs": 2})
+        parse_completion({"prompt": "p", "logprobs": 99})
     with pytest.raises(ApiError):
         parse_chat([1, 2])
     assert [finish_reason(r) for r in ("eos", "stop", "length")] == ["stop", "stop", "length"]
