@@ -86,16 +86,20 @@ def start_service(module: str, args: list[str], log_dir: Path, name: str, timeou
     sink.close()
     service = Service(name, process, log_path)
     deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        match = LISTENING.search(log_path.read_text(errors="replace").rsplit(f"==== starting {name}", 1)[-1])
-        if match:
-            service.address = f"{match.group(1)}:{match.group(2)}"
-            return service
-        if process.poll() is not None:
-            if process.returncode < 0:   # died by a signal: one line, the stack is in the log
-                raise ServiceFailed(service.exit_note())
-            raise ServiceFailed(f"{name} exited with {process.returncode}:\n{service.log_tail()}")
-        time.sleep(0.1)
+    try:
+        while time.monotonic() < deadline:
+            match = LISTENING.search(log_path.read_text(errors="replace").rsplit(f"==== starting {name}", 1)[-1])
+            if match:
+                service.address = f"{match.group(1)}:{match.group(2)}"
+                return service
+            if process.poll() is not None:
+                if process.returncode < 0:   # died by a signal: one line, the stack is in the log
+                    raise ServiceFailed(service.exit_note())
+                raise ServiceFailed(f"{name} exited with {process.returncode}:\n{service.log_tail()}")
+            time.sleep(0.1)
+    except BaseException:   # interrupted (Ctrl-C, SIGTERM) while it starts: no cluster holds it yet
+        stop_service(service)
+        raise
     stop_service(service)
     raise ServiceFailed(f"{name} did not start within {timeout_seconds}s:\n{service.log_tail()}")
 

@@ -2,9 +2,10 @@
 
     python -m bench.llamacpp_tools            # build (once) and print where the binaries are
 
-`llama-bench` (target-only speed) and `llama-speculative-simple` (llama.cpp's own speculative decoding
-with a draft model) are built from the llama.cpp sources that the pinned llama-cpp-python sdist vendors,
-so they are the same llama.cpp that edgespec's llama.cpp backend runs, built with the same CMake flags as the
+`llama-bench` (target-only speed), `llama-speculative-simple` (llama.cpp's own speculative decoding
+with a draft model), `llama-completion` (its greedy text) and `llama-server` (its OpenAI-compatible server:
+continuous batching over `-np` slots, speculative decoding with `-md`) are built from the llama.cpp sources
+that the pinned llama-cpp-python sdist vendors, so they are the same llama.cpp that edgespec's llama.cpp backend runs, built with the same CMake flags as the
 wheel installed here (edgespec.ops.llama_build: the variant that passed its self-test on this CPU). The build
 (cmake + ninja, a few minutes on 2 cores) lands in $EDGESPEC_CACHE/llama.cpp-tools/<version>-<variant>-<key>/ and
 is reused.
@@ -24,7 +25,7 @@ from edgespec.ops.llama_build import VERSION, chosen
 
 log = logging.getLogger("edgespec.llamacpp_tools")
 
-TOOLS = ("llama-bench", "llama-speculative-simple", "llama-completion")
+TOOLS = ("llama-bench", "llama-speculative-simple", "llama-completion", "llama-server")
 
 
 def tools_dir() -> Path:
@@ -32,11 +33,12 @@ def tools_dir() -> Path:
     return cache_root() / "llama.cpp-tools" / f"{VERSION}-{build.variant}-{build.key}"
 
 
-def ensure_tools() -> dict[str, Path]:
-    """Paths of the built tools, building them first if needed."""
+def ensure_tools(names: tuple[str, ...] = TOOLS) -> dict[str, Path]:
+    """Paths of the tools ``names``, building the missing ones first (a tool added later builds alone)."""
     out = tools_dir()
-    found = {name: out / name for name in TOOLS}
-    if all(path.is_file() for path in found.values()):
+    found = {name: out / name for name in names}
+    missing = [name for name, path in found.items() if not path.is_file()]
+    if not missing:
         return found
     with tempfile.TemporaryDirectory(prefix="llama-tools-") as work:
         work = Path(work)
@@ -48,12 +50,12 @@ def ensure_tools() -> dict[str, Path]:
             tar.extractall(work, filter="data")
         source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
         build = work / "build"
-        log.info("building %s from %s (cmake + ninja; minutes)", ", ".join(TOOLS), source)
+        log.info("building %s from %s (cmake + ninja; minutes)", ", ".join(missing), source)
         subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                         "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *chosen().args], check=True)
-        subprocess.run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", "2"], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", *missing, "-j", "2"], check=True)
         out.mkdir(parents=True, exist_ok=True)
-        for name in TOOLS:
+        for name in missing:
             shutil.copy2(build / "bin" / name, out / name)
     return found
 

@@ -4,6 +4,7 @@
     plot_wan(report, path)      bench-wan: tokens/s against the link's RTT, per mode
     plot_soak(report, path)     soak: each service's RSS and the generations' p50/p99 latency over time
     plot_policy(report, path)   bench-policy: tokens/s against RTT per window policy, one panel per regime
+    plot_serve(report, path)    bench-serve: output tokens/s, TTFT and TPOT against concurrency, per system
 
 matplotlib with the Agg backend (no display needed), as the simulator's and bench's plots.
 """
@@ -141,4 +142,37 @@ def plot_policy(report: dict, path: Path) -> Path:
         axis.legend(fontsize=7, ncol=2)
     axes[0][0].set_ylabel("tokens/s")
     figure.suptitle("window policies: fixed k vs adaptive" + (" (tiny models)" if report.get("tiny") else ""))
+    return _save(figure, path)
+
+
+def plot_serve(report: dict, path: Path) -> Path:
+    """bench-serve: output tokens/s (left), TTFT p50 (middle) and TPOT p50 (solid) / p99 (dashed) (right) against
+    the requests in flight, one line per system. Failed runs are left out."""
+    plt = _pyplot()
+    rows = [r for r in report["rows"] if not r.get("error")]
+    figure, (speed, ttft, tpot) = plt.subplots(1, 3, figsize=(14, 4.2))
+    for system in dict.fromkeys(r["system"] for r in report["rows"]):
+        mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["concurrency"])
+        if not mine:
+            continue
+        cs = [r["concurrency"] for r in mine]
+        line, = speed.plot(cs, [r["output_tok_s"] for r in mine], "o-", label=system)
+        ttft.plot(cs, [r["ttft_p50_ms"] for r in mine], "o-", color=line.get_color(), label=system)
+        tpot.plot(cs, [r["tpot_p50_ms"] for r in mine], "o-", color=line.get_color(), label=f"{system} p50")
+        tpot.plot(cs, [r["tpot_p99_ms"] for r in mine], "s--", color=line.get_color(), alpha=0.6,
+                  label=f"{system} p99")
+    speed.set_ylabel("output tokens/s (all requests)")
+    ttft.set_ylabel("time to first token p50, ms")
+    tpot.set_ylabel("time per output token, ms")
+    levels = sorted({r["concurrency"] for r in rows})
+    for axis in (speed, ttft, tpot):
+        axis.set_xlabel("requests in flight (concurrency)")
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(levels, [str(c) for c in levels])
+        axis.minorticks_off()
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.suptitle(f"vllm bench serve: {report.get('prompts', '?')} Spec-Bench prompts, {report.get('tokens', '?')} "
+                    f"tokens each, greedy ({report.get('date', '')})")
     return _save(figure, path)

@@ -19,4 +19,6 @@ fi
   grpcio-reflection==1.85.1 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \
   opentelemetry-exporter-otlp-proto-grpc==1.45.2 opentelemetry-exporter-prometheus==0.66b2 prometheus-client==0.26.0 \
   uvloop==0.23.0
+# `edgespec bench serve` runs vLLM's serving client here (vllm.benchmarks.serve): its custom dataset reads JSONL with pandas
+.venv-vllm/bin/pip install --quiet --disable-pip-version-check pandas==3.1.1
 .venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
