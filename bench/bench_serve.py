@@ -286,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="new tokens per request, max_tokens (default %(default)s)")
     parser.add_argument("--cpus", metavar="CPUS", default="",
                         help="CPU list every system runs on, e.g. 0-3 (default: this process's CPUs)")
+    parser.add_argument("--edgespec-layout", choices=["one-host", "split"], default="one-host",
+                        help="edgespec's services on the CPUs: one-host = the verifier on every CPU (--exact on) and "
+                             "the drafter on one thread beside it, as one machine serving runs them; split = the "
+                             "demo's edge and cloud halves (the verifier on half the CPUs) (default %(default)s)")
     parser.add_argument("--llama-threads", metavar="N", type=int, default=0,
                         help="llama-server's threads (-t, -td); 0 = one per CPU of --cpus (default %(default)s)")
     parser.add_argument("--prompts-file", metavar="FILE", type=Path, default=SPEC_BENCH,
@@ -382,7 +386,7 @@ def start_servers(args: argparse.Namespace, stack: ExitStack, log_dir: Path) -> 
         print(f"== starting {name}", flush=True)
         try:
             if name == "edgespec":
-                layout = cluster_layout("llamacpp", "auto")
+                layout = cluster_layout("llamacpp", "auto", one_host=args.edgespec_layout == "one-host")
                 for key in ("verifier_args", "drafter_args"):   # the demo's 8 sessions, or one per request in flight
                     flags = layout[key] = list(layout[key])
                     flags[flags.index("--max-sequences") + 1] = str(max(8, slots))

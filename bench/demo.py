@@ -64,16 +64,21 @@ async def stream(address: str, prompt: str, max_new_tokens: int, window: int, ec
     return tokens, stats
 
 
-def cluster_layout(backend: str, quantize: str) -> dict:
+def cluster_layout(backend: str, quantize: str, one_host: bool = False) -> dict:
     """LocalCluster arguments: llama.cpp services split over the CPUs as edge and cloud (the first half of
     the CPUs for drafter and coordinator, the rest for the verifier: one each on two); torch services share
-    the machine."""
+    the machine. ``one_host``: llama.cpp services as one machine serving runs them, the verifier on every CPU
+    (exact, so its one-token decodes still run on one thread) and the drafter on one thread beside it: it only
+    competes for a CPU while it drafts, which its cost model stops where drafting cannot pay."""
     if backend == "torch":
         return {"drafter_args": ["--quantize", quantize]}
     cpus = sorted(os.sched_getaffinity(0))
     llama = ["--backend", "llamacpp", "--max-sequences", "8"]   # the cells by --exact: 2048 a session, or shared
     if len(cpus) < 2:
         return {"verifier_args": llama, "drafter_args": llama}
+    if one_host:
+        return {"verifier_args": [*llama, "--threads", str(len(cpus)), "--exact", "on"],
+                "drafter_args": [*llama, "--threads", "1"]}
     edge, cloud = cpus[:len(cpus) // 2], cpus[len(cpus) // 2:]
     return {"verifier_args": [*llama, "--threads", str(len(cloud))], "drafter_args": [*llama, "--threads", str(len(edge))],
             "verifier_cpus": ",".join(map(str, cloud)), "edge_cpus": ",".join(map(str, edge))}

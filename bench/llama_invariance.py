@@ -68,6 +68,8 @@ SETTINGS = (
             "repacked weights)", repack=False, single_threads=1, window_rows=7, unified=False),
     Setting("exact (--exact on): repacked weights, 1-thread one-token decodes, windows in decodes of 3 rows, KV per "
             "sequence", single_threads=1, window_rows=3, unified=False),
+    Setting("exact, prompts in the verifier's parts (--prefill-chunk 64: ubatch 64)", single_threads=1, window_rows=3,
+            unified=False, ubatch_tokens=64),
 )
 
 

@@ -138,6 +138,10 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                            "'OpenAI-compatible API on http://...'; unset = no HTTP API (default)")
     http.add_argument("--http-host", default="",
                       help="bind address of the HTTP API (default: --host)")
+    http.add_argument("--sse-ping-seconds", type=float, default=0.0,
+                      help="send an SSE comment on a stream every this many seconds, for proxies that close idle "
+                           "connections; 0 = never, as vLLM's and llama.cpp's servers (vLLM's "
+                           "benchmark client drops every event after such a comment) (default %(default)s)")
     http.add_argument("--served-model-name", default="",
                       help="the model id /v1/models lists and responses carry (default: the verifier's model name)")
     add_security_flags(parser)
@@ -160,11 +164,13 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     drafters = parse_drafters(parser, a.drafter)
     http = None
     if a.http_port is not None:
+        if a.sse_ping_seconds < 0:
+            parser.error(f"--sse-ping-seconds must be >= 0, got {a.sse_ping_seconds}")
         if not 0 <= a.http_port <= 65535:
             parser.error(f"--http-port must be 0..65535 (0 = any free port), got {a.http_port}")
         from services.coordinator.http_api import HttpConfig
 
-        http = HttpConfig(a.http_host or a.host, a.http_port, a.served_model_name)
+        http = HttpConfig(a.http_host or a.host, a.http_port, a.served_model_name, a.sse_ping_seconds)
     generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
                                   a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens,
                                   a.tree_depth, a.cloud_draft)

@@ -60,7 +60,6 @@ ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "p
               429: "rate_limit_error", 503: "service_unavailable_error"}
 PARAM_NAMES = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature", "sampling.top_p": "top_p",
                "sampling.top_k": "edgespec.top_k", "window": "edgespec.window"}   # GenerateRequest's -> OpenAI's
-PING_SECONDS = 15.0       # an SSE comment this often keeps idle proxies from closing a slow stream
 
 
 def api_error(error: errors.EdgespecError, kind: str = "chat") -> ApiError:
@@ -82,6 +81,8 @@ class HttpConfig:
     host: str                  # interface to bind
     port: int                  # TCP port (0 = any free port, logged)
     model_name: str = ""       # the model id /v1/models and responses name ("": the verifier's model)
+    sse_ping_seconds: float = 0.0   # an SSE comment on a stream this often (0 = none, as vLLM's and llama.cpp's
+                                    # servers: vLLM's benchmark client loses every event after one)
 
 
 class _HttpCall:
@@ -426,7 +427,7 @@ class OpenAIApp:
                 run.cancel()   # the client went away (or the stream ended): end the generation, close its sessions
             yield {"data": "[DONE]"}
 
-        return EventSourceResponse(events(), sep="\n", ping=PING_SECONDS,
+        return EventSourceResponse(events(), sep="\n", ping=self.config.sse_ping_seconds,
                                    headers={logs.REQUEST_ID_KEY: request_id, "Cache-Control": "no-cache"})
 
     async def drain(self, seconds: float) -> None:

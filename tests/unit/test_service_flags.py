@@ -63,6 +63,10 @@ def test_bad_flag_values_exit_with_usage():
     with pytest.raises(SystemExit):
         coordinator_args(["--window", "-3"])
     with pytest.raises(SystemExit):
+        coordinator_args(["--http-port", "0", "--sse-ping-seconds", "-1"])
+    assert coordinator_args(["--http-port", "0"]).http.sse_ping_seconds == 0            # no SSE comments
+    assert coordinator_args(["--http-port", "0", "--sse-ping-seconds", "15"]).http.sse_ping_seconds == 15
+    with pytest.raises(SystemExit):
         coordinator_args(["--verifier", "a:1,a:1"])
     with pytest.raises(SystemExit):
         coordinator_args(["--verifier", " , "])
