@@ -91,7 +91,7 @@ RUN set -eux; \
     /opt/vllm/bin/pip install --no-cache-dir --disable-pip-version-check \
         "grpcio-health-checking==1.85.1" "grpcio-reflection==1.85.1" "opentelemetry-api==1.45.2" \
         "opentelemetry-sdk==1.45.2" "opentelemetry-exporter-otlp-proto-grpc==1.45.2" \
-        "opentelemetry-exporter-prometheus==0.66b2" "prometheus-client==0.26.0" numpy "uvloop==0.23.0"; \
+        "opentelemetry-exporter-prometheus==0.66b2" "prometheus-client==0.26.0" numpy "uvloop==0.23.0" "pandas==3.1.1"; \
     site=$(/opt/vllm/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
     rm -rf "$site/torch/test" "$site"/torch/bin/test_* "$site"/torch/bin/*Test; \
     /opt/vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"; \
