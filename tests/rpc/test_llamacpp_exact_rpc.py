@@ -30,7 +30,9 @@ from edgespec.backends import llamacpp
 from edgespec.backends.tokenizer import load_tokenizer
 prompts, max_new = json.loads(sys.argv[1]), int(sys.argv[2])
 tokenizer = load_tokenizer("smollm2")
-lm = llamacpp.load("smollm2", threads=2, ctx_tokens=4096, max_sequences=2, exact=llamacpp.EXACT)
+# the verifier's settings: exact, its prompts in parts of --prefill-chunk (llama.cpp's -ub)
+lm = llamacpp.load("smollm2", threads=2, ctx_tokens=4096, max_sequences=2,
+                   exact=llamacpp.exact_settings("on", 2, llamacpp.PREFILL_CHUNK))
 eos, out = set(lm.eos_ids()), []
 for text in prompts:
     state, seq, generated = lm.new_state(), tokenizer.encode(text, True), []
@@ -47,8 +49,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def references():
-    """One session alone, its own context, prompt in one batch then a token per decode: llama.cpp target-only
-    with the exact settings (its own process: ggml's tiled-matmul setting is per process)."""
+    """One session alone, its own context, prompt in one llama_decode (in ubatches of 64) then a token per decode:
+    llama.cpp target-only with the verifier's exact settings (its own process: ggml's tiled-matmul setting is per process)."""
     out = subprocess.run([sys.executable, "-c", REFERENCE, json.dumps(PROMPTS), str(MAX_NEW)], capture_output=True,
                          text=True, cwd=REPO_ROOT, check=True, timeout=600).stdout
     refs = json.loads(out.strip().splitlines()[-1])
@@ -69,7 +71,7 @@ def test_greedy_on_llamacpp_exact_mode_equals_llamacpp_target_only(tmp_path, ref
                       drafter_args=[*LLAMA, "--threads", "1"],
                       coordinator_args=["--tokenizer", "smollm2"]) as cluster:
         log = cluster.verifier.log_path.read_text()
-        assert "-t 1 -tb 2 -fa on -ub 512" in log
+        assert "-t 1 -tb 2 -fa on -ub 64" in log
         for window in (0, 4, -1):
             for prompt, expected in zip(PROMPTS, references):
                 tokens, stats = generated(cluster.coordinator.address, prompt, MAX_NEW, window, chat=True,
