@@ -30,6 +30,8 @@ class RoundSample:
     free: bool = False                   # the chain was a free draft (the coordinator's suffix drafter), not the drafter's
     steps: int = 1                       # target passes the round made: a target-only window of steps makes one per
                                          # token it commits, in one round trip (k is 0)
+    verifier_seconds: float = 0.0        # verifier-reported time from the window's arrival to its verdict (0 = not
+                                         # reported): its wait behind other sessions' work, its forwards, verification
 
     @property
     def tokens(self) -> int:
@@ -41,5 +43,13 @@ class RoundSample:
 
     @property
     def rtt(self) -> float:
-        """The link's share of the verify round trip: wall minus the verifier's forward (all of it if unreported)."""
-        return max(0.0, self.verify_wall_seconds - self.verify_compute_seconds)
+        """The link's share of the verify round trip: wall minus the window's time in the verifier (its wait
+        there included), or minus its forward where the verifier reports only that (all of it if neither)."""
+        inside = self.verifier_seconds if self.verifier_seconds > 0 else self.verify_compute_seconds
+        return max(0.0, self.verify_wall_seconds - inside)
+
+    @property
+    def verifier_wait(self) -> float:
+        """Seconds the window spent in the verifier besides its forward: waiting behind other sessions' work
+        (0 where the verifier does not report its time)."""
+        return max(0.0, self.verifier_seconds - self.verify_compute_seconds) if self.verifier_seconds > 0 else 0.0

@@ -4,9 +4,13 @@ Pure: no grpc, torch or asyncio. The round loop records each round's RoundSample
 window policies read the estimates (the goodput policy through `goodput_window`), AWC reads `features()`.
 
 All EMAs use the same weight `smoothing` for a new observation. The link RTT is estimated as the
-coordinator-measured verify round trip minus the verifier-reported forward time, so it includes the
-wire, serialisation and the time the window waited in the verifier's queue. A verifier that reports
-no compute time (0) makes the RTT estimate the whole round trip.
+coordinator-measured verify round trip minus the verifier-reported time the window spent inside it
+(RoundSample.rtt): the wire and serialisation, not the window's wait behind other sessions' work. That
+wait is load, which the goodput model charges through the shared forward (verify_estimate); counted
+as link latency, which longer windows amortise, it made sessions draft more the busier the verifier
+was (measured: 4 users on a 2-CPU host, the adaptive window at 0.57x window 0's throughput). A
+verifier that reports only its forward time leaves the wait in the RTT; one that reports neither
+makes the RTT the whole round trip.
 """
 from __future__ import annotations
 

@@ -318,6 +318,7 @@ class Rounds:
         chain = next((i for i, p in enumerate(window.parents) if p != i - 1), len(window.draft))
         sample = RoundSample(chain, verdict.accepted, draft_seconds, verify_wall_seconds,
                              verdict.verify_compute_seconds, verdict.queue_depth, verdict.verifier,
+                             verifier_seconds=verdict.verifier_seconds,
                              target_logprob=verdict.target_logprob, batch_windows=verdict.batch_windows,
                              batch_tokens=verdict.batch_tokens, siblings=len(window.draft) - chain,
                              took_sibling=bool(window.draft) and any(i >= chain for i in verdict.path),

@@ -61,7 +61,10 @@ class CoordinatorMetrics:
             "edgespec.spec_decode.window_size", "{token}", "draft window k per round (0 = target-only)",
             explicit_bucket_boundaries_advisory=WINDOW_BUCKETS)
         self.link_rtt = m.create_histogram(
-            "edgespec.link.rtt", "s", "verify round trip minus the verifier-reported forward time, per round",
+            "edgespec.link.rtt", "s", "verify round trip minus the verifier-reported time inside it, per round",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self.verifier_wait = m.create_histogram(
+            "edgespec.verdict.wait", "s", "seconds a window waited in the verifier behind other sessions' work",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
         self.verdict_queue_depth = m.create_histogram(
             "edgespec.verdict.queue_depth", "{window}", "windows waiting at the verifier, as its verdicts report",
@@ -87,6 +90,7 @@ class CoordinatorMetrics:
         self.window_size.record(sample.k)
         self.verdict_queue_depth.record(sample.queue_depth)
         self.link_rtt.record(sample.rtt, {"verifier": sample.link})
+        self.verifier_wait.record(sample.verifier_wait, {"verifier": sample.link})
         if sample.self_drafted:
             self.self_drafted.add(sample.accepted, {"outcome": "accepted"})
             self.self_drafted.add(sample.self_drafted - sample.accepted, {"outcome": "rejected"})

@@ -320,6 +320,7 @@ class VerifierLink:
             device.truth = Truth(device.alphas(), device.draft_per_token, rtt, link.expected_round_trip(rtt),
                                  job.started - job.arrived, job.batch_tokens - job.tokens, verifier.profile)
         return Verdict(n, AGREE, verify_compute_seconds=job.compute, queue_depth=job.queue_depth,
+                       verifier_seconds=job.started - job.arrived + job.compute,
                        batch_windows=job.batch_windows, batch_tokens=job.batch_tokens)
 
     async def close(self, session_id: str) -> None:

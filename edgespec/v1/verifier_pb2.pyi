@@ -85,7 +85,7 @@ class Window(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., params_fingerprint: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., optimistic: _Optional[bool] = ..., parent_token: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., self_draft: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob", "batch_windows", "batch_tokens", "accepted_nodes", "drafted_tokens", "self_drafted", "logprobs")
+    __slots__ = ("session_id", "window_seq", "base_position", "accepted", "next_token", "committed_position", "verify_compute_seconds", "queue_depth", "discarded", "target_logprob", "batch_windows", "batch_tokens", "accepted_nodes", "drafted_tokens", "self_drafted", "logprobs", "verifier_seconds")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class Verdict(_message.Message):
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SELF_DRAFTED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     window_seq: int
     base_position: int
@@ -118,7 +119,8 @@ class Verdict(_message.Message):
     drafted_tokens: _containers.RepeatedScalarFieldContainer[int]
     self_drafted: int
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ..., batch_windows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., drafted_tokens: _Optional[_Iterable[int]] = ..., self_drafted: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
+    verifier_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., window_seq: _Optional[int] = ..., base_position: _Optional[int] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., committed_position: _Optional[int] = ..., verify_compute_seconds: _Optional[float] = ..., queue_depth: _Optional[int] = ..., discarded: _Optional[bool] = ..., target_logprob: _Optional[float] = ..., batch_windows: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., drafted_tokens: _Optional[_Iterable[int]] = ..., self_drafted: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., verifier_seconds: _Optional[float] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

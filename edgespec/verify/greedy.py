@@ -20,6 +20,7 @@ class Verdict:
     # Telemetry that comes with a verdict (not part of its meaning: equality ignores them).
     verify_compute_seconds: float = field(default=0.0, compare=False)  # target forward + verification, seconds
     queue_depth: int = field(default=0, compare=False)           # windows waiting when this one started
+    verifier_seconds: float = field(default=0.0, compare=False)  # arrival at the verifier to verdict (0 = unknown)
     target_logprob: float = field(default=0.0, compare=False)    # sum of log p (T=1) over the committed tokens
     verifier: str = field(default="", compare=False)             # address of the verifier that gave it ("" = unknown)
     batch_windows: int = field(default=0, compare=False)         # windows in the forward that scored it (0 = unknown)

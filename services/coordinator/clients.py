@@ -110,7 +110,7 @@ class GrpcVerifier:
         reply = await stream.send(message, self._deadline)
         return None if reply.discarded else Verdict(
             reply.accepted, reply.next_token, verify_compute_seconds=reply.verify_compute_seconds,
-            queue_depth=reply.queue_depth, target_logprob=reply.target_logprob, verifier=self.address,
+            queue_depth=reply.queue_depth, verifier_seconds=reply.verifier_seconds, target_logprob=reply.target_logprob, verifier=self.address,
             batch_windows=reply.batch_windows, batch_tokens=reply.batch_tokens, path=tuple(reply.accepted_nodes),
             drafted=tuple(reply.drafted_tokens), self_drafted=reply.self_drafted,
             logprobs=logprobs_from_pb(reply.logprobs))

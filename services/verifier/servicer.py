@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Sequence
 
 import grpc
@@ -67,6 +68,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             self.scheduler.streams -= 1
 
     async def _verify(self, window: pb.Window) -> pb.Verdict:
+        arrived = time.perf_counter()
         with tracing.server_span("verifier.verify", dict(window.trace_context), {
                 tracing.SESSION_ID: window.session_id, "edgespec.window_seq": window.window_seq,
                 "edgespec.k": len(window.draft_tokens)}) as span:
@@ -89,7 +91,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                           accepted_nodes=verdict.path if verdict else (),
                           drafted_tokens=verdict.drafted if verdict else (),
                           self_drafted=verdict.self_drafted if verdict else 0,
-                          logprobs=logprobs_to_pb(verdict.logprobs) if verdict else ())
+                          logprobs=logprobs_to_pb(verdict.logprobs) if verdict else (),
+                          verifier_seconds=time.perf_counter() - arrived)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context):
         try:

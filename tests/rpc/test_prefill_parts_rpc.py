@@ -39,26 +39,31 @@ def test_another_sessions_windows_are_verified_while_a_long_prompt_is_prefilled(
                 opening[1] = time.monotonic()
                 return reply
 
-            call, base, times = stub.VerifyStream(), len(SHORT), []
+            call, base, times, inside = stub.VerifyStream(), len(SHORT), [], []
             await call.write(pb.Window(session_id="short", window_seq=0, base_position=base))
             base = (await call.read()).committed_position
             task = asyncio.create_task(open_long())
             seq = 1
             while not task.done():
+                sent = time.perf_counter()
                 await call.write(pb.Window(session_id="short", window_seq=seq, base_position=base))
                 verdict = await call.read()
+                inside.append((verdict.verify_compute_seconds, verdict.verifier_seconds, time.perf_counter() - sent))
                 base, seq = verdict.committed_position, seq + 1
                 times.append(time.monotonic())
             reply = await task
             await call.done_writing()
             for session_id in ("short", "long"):
                 await stub.CloseSession(pb.CloseSessionRequest(session_id=session_id))
-            return reply, opening, times
+            return reply, opening, times, inside
 
-    reply, (started, opened), times = asyncio.run(go())
+    reply, (started, opened), times, inside = asyncio.run(go())
     assert reply.committed_position == len(LONG) and reply.prefill_seconds > 0
     during = [t for t in times if started < t < opened]
     assert len(during) >= 5, (len(during), opened - started)
+    # Each verdict says how long its window was inside the verifier: its forward, plus any wait behind a part of
+    # the prefill, and never more than the caller's own round trip.
+    assert all(0 < compute <= verifier <= round_trip for compute, verifier, round_trip in inside), inside
 
 
 def test_an_open_whose_caller_goes_away_leaves_no_session(verifier):

@@ -23,6 +23,16 @@ def test_rtt_is_the_round_trip_minus_the_verifiers_forward_time():
     assert stats.trend == pytest.approx(0.025)      # 0.5 * (0.10 - 0.05)
 
 
+def test_a_windows_wait_behind_other_sessions_in_the_verifier_is_not_link_latency():
+    t = Telemetry(smoothing=0.5)
+    waited = sample(wall=0.95, compute=0.40, verifier_seconds=0.90)   # 0.5 s behind other sessions' forwards
+    assert waited.rtt == pytest.approx(0.05) and waited.verifier_wait == pytest.approx(0.5)
+    t.record(waited)
+    assert t.links["v1"].mean == pytest.approx(0.05)
+    assert sample(wall=0.95, compute=0.40).verifier_wait == 0   # a verifier that reports only its forward
+    assert sample(wall=0.95, compute=0.40).rtt == pytest.approx(0.55)
+
+
 def test_rtt_trend_is_positive_while_the_link_slows_and_decays_when_it_settles():
     t = Telemetry()
     for rtt in [0.02] * 10 + [0.02 + 0.01 * i for i in range(1, 11)]:
