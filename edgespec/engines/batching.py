@@ -37,7 +37,7 @@ from typing import Callable
 
 from edgespec.control.goodput import curve_seconds
 from edgespec.errors import EdgespecError, ResourceExhausted, Unavailable
-from edgespec.engines.verifier import Usage, VerifierEngine, WindowResult
+from edgespec.engines.verifier import Stepping, Usage, VerifierEngine, WindowResult
 from edgespec.engines.worker import ModelWorker
 from edgespec.verify.window import Window
 
@@ -219,36 +219,92 @@ class VerifyScheduler:
         return batches * (self.rule.forward_ema or 0.5)
 
     async def _run(self) -> None:
-        while self._queue:
-            await self._gather()
+        # Windows of steps (target-only windows that commit several tokens) take one forward a step, each its own
+        # worker call: the windows that arrive meanwhile join the next step's forward, and a window is answered
+        # after the forward that finished it, not after every step of the batch it came with.
+        going: list[tuple[Stepping, asyncio.Future, int]] = []   # windows of steps under way, their callers
+        while self._queue or going:
+            if not going:
+                await self._gather()
+            else:
+                await self._catch_up()
             batch = self._take()
-            if not batch:
+            if not batch and not going:
                 continue
             waiting = len(self._queue)
             started = time.perf_counter()
+            steppings = [stepping for stepping, _, _ in going]
             try:
-                (results, usage), _ = await self.worker.call(self._verify, [request for request, _ in batch])
+                (results, after, usage), _ = await self.worker.call(
+                    self._verify, [request for request, _ in batch], steppings)
             except Exception as error:   # the engine turns model failures into errors; this is a bug or shutdown
-                log.exception("verify batch of %d failed", len(batch))
-                results, usage = [Unavailable(f"verifier failed: {type(error).__name__}: {error}")] * len(batch), None
+                log.exception("verify batch of %d failed", len(batch) + len(going))
+                failed = Unavailable(f"verifier failed: {type(error).__name__}: {error}")
+                results, after, usage = [failed] * len(batch), [], None
+                for _, future, _ in going:
+                    if not future.done():
+                        future.set_exception(failed)
+                going = []
             seconds = time.perf_counter() - started
-            self.rule.forward_done(sum(len(w.draft) + 1 for (_, w), _ in batch), seconds)
+            fed = sum(len(w.draft) + 1 for (_, w), _ in batch) + len(steppings)
+            self.rule.forward_done(fed, seconds)
             answered = time.monotonic()
-            for ((session_id, _), future), result in zip(batch, results):
-                if future.done():
-                    continue     # its stream went away; the commit stands (a retry replays it)
-                self.rule.turnarounds.verdict_sent(session_id, answered)
-                if isinstance(result, EdgespecError):
-                    future.set_exception(result)
-                else:
-                    future.set_result((result, waiting))
+            callers = {id(stepping): (future, depth) for stepping, future, depth in going}
+            for (request, future), result in zip(batch, results):
+                if result is None:   # a window of steps that goes on
+                    continue
+                self._answer(request[0], future, result, waiting, answered)
+            started_now = {id(stepping): (batch[stepping.index][1], waiting) for stepping in after
+                           if id(stepping) not in callers}
+            callers.update(started_now)
+            going = []
+            for stepping in after:
+                future, depth = callers[id(stepping)]
+                if stepping.result is not None:
+                    self._answer(stepping.session_id, future, stepping.result, depth, answered)
+                else:   # its steps go on even if its caller went away: a retry replays the whole window
+                    going.append((stepping, future, depth))
             if self.on_batch is not None and usage is not None:
-                self.on_batch(BatchDone(len(batch), sum(len(w.draft) + 1 for (_, w), _ in batch), seconds, waiting,
-                                        usage))
+                self.on_batch(BatchDone(len(batch) + len(steppings), fed, seconds, waiting, usage))
 
-    def _verify(self, requests: list[tuple[str, Window]]) -> tuple[list[WindowResult | EdgespecError], Usage]:
-        """On the model worker: the batch, then the engine's usage (read where it cannot change meanwhile)."""
-        return self.engine.verify_batch(requests), self.engine.usage()
+    def _answer(self, session_id: str, future: asyncio.Future, result: WindowResult | EdgespecError, waiting: int,
+                answered: float) -> None:
+        if future.done():
+            return     # its stream went away; the commit stands (a retry replays it)
+        self.rule.turnarounds.verdict_sent(session_id, answered)
+        if isinstance(result, EdgespecError):
+            future.set_exception(result)
+        else:
+            future.set_result((result, waiting))
+
+    def _verify(self, requests: list[tuple[str, Window]], going: list[Stepping]
+                ) -> tuple[list[WindowResult | EdgespecError | None], list[Stepping], Usage]:
+        """On the model worker: one forward's work (the engine's verify_step), then the engine's usage (read where it
+        cannot change meanwhile)."""
+        results, after = self.engine.verify_step(requests, going)
+        return results, after, self.engine.usage()
+
+    async def _catch_up(self) -> None:
+        """Between the steps of windows of steps: wait for the sessions answered after the last forward whose next
+        window is due (by their turnaround) within a quarter of a forward, so that they join the next step instead of
+        waiting a whole one for the step after it; never longer than that, and not for sessions that are slower."""
+        forward = self.rule.forward_ema
+        if forward is None:
+            return
+        now = time.monotonic()
+        due = self.rule.turnarounds.due(now, min(self.policy.wait_seconds, self.policy.wait_fraction * forward))
+        if not due:
+            return
+        deadline, sessions = due[-1][0], [session for _, _, session in due]
+        while not self.rule.turnarounds.arrived(sessions):
+            now = time.monotonic()
+            if deadline <= now:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), deadline - now)
+            except asyncio.TimeoutError:
+                return
 
     async def _gather(self) -> None:
         """Wait while more open sessions could still add a window, as the GatherRule says."""

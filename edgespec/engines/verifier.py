@@ -70,6 +70,17 @@ class WindowResult:
     batch_tokens: int = 1  # tokens that forward fed, all its windows together (each window's k + 1)
 
 
+@dataclass(slots=True)
+class Stepping:
+    """A window of steps between forwards (VerifierEngine.verify_step): the steps it has taken so far."""
+    index: int                 # its place among the requests it came with
+    session_id: str
+    session: Any               # the engine's session record
+    window: Window
+    parts: list[WindowResult]  # one result per step taken
+    result: WindowResult | None = None   # all its steps merged, once it is done
+
+
 @dataclass(frozen=True, slots=True)
 class Evictions:
     kv_dropped: list[str]    # sessions whose KV cache was freed (restored on their next window)
@@ -241,26 +252,49 @@ class VerifierEngine:
         changes nothing). Windows of distinct sessions share a forward pass;
         a second window of the same session goes in the next wave, after the
         first one committed (so a pipelined optimistic window sees its parent).
+        A window of steps goes on until it has them all (verify_step, one forward a step).
         """
-        results: list[WindowResult | EdgespecError | None] = [None] * len(requests)
-        remaining = list(range(len(requests)))
-        while remaining:
-            wave, later, seen = [], [], set()
+        results, going = self.verify_step(requests)
+        while going:
+            _, going = self.verify_step((), going)
+            for stepping in going:
+                if stepping.result is not None:
+                    results[stepping.index] = stepping.result
+            going = [stepping for stepping in going if stepping.result is None]
+        return results
+
+    def verify_step(self, requests: Sequence[tuple[str, Window]], going: Sequence["Stepping"] = ()
+                    ) -> tuple[list["WindowResult | EdgespecError | None"], list["Stepping"]]:
+        """One forward's work: the next step of each window of steps in ``going`` (target-only windows with steps
+        > 1 that have taken some), in the same forward as the first wave of ``requests``.
+
+        Returns the requests' results (None for a window of steps that goes on) and the windows of steps after
+        this forward, ``going``'s and the requests' that go on: each with its ``result`` set once it has all its
+        steps, an EOS or an error (which ends its steps; what they committed stands). That result covers all its
+        tokens (the first verdict's, the others in drafted, next_token the last), and is what a replay of the
+        window gets. So the scheduler answers every window after the forward that finished it, and a window that
+        arrives while others take their steps joins the next one instead of waiting for all of them."""
+        going = [stepping for stepping in going if stepping.result is None]
+        stepping_sessions = {stepping.session_id for stepping in going}
+        combined = list(requests) + [
+            (stepping.session_id, Window(stepping.window.seq, len(stepping.session.committed), (),
+                                         params_fingerprint=stepping.window.params_fingerprint))
+            for stepping in going]
+        results: list[WindowResult | EdgespecError | None] = [None] * len(combined)
+        remaining, first = list(range(len(requests))), True
+        while remaining or first:
+            wave, later, seen = [], [], set(stepping_sessions) if first else set()
             for i in remaining:
                 (later if requests[i][0] in seen else wave).append(i)
                 seen.add(requests[i][0])
-            self._verify_wave(requests, wave, results)
+            if first:
+                wave += list(range(len(requests), len(combined)))
+                first = False
+            self._verify_wave(combined, wave, results)
             remaining = later
-        self._step(requests, results)
-        return results
-
-    def _step(self, requests: Sequence[tuple[str, Window]], results: list[WindowResult | EdgespecError | None]) -> None:
-        """Windows of several steps (target-only windows with steps > 1) go on after their first token: each further
-        token is a target-only window of its own, the sessions' next steps in one forward, until each has its steps,
-        an EOS or an error (which ends that session's steps; what they committed stands). Each window's result then
-        covers all its tokens (the first verdict's, the others in drafted, next_token the last), and is what a
-        replay of the window gets."""
-        going: dict[int, tuple[_Session, list[WindowResult]]] = {}   # request index -> its session, step results
+        after: list[Stepping] = []
+        for stepping, result in zip(going, results[len(requests):]):
+            after.append(self._stepped(stepping, result))
         for i, (session_id, window) in enumerate(requests):
             result = results[i]
             if window.steps > 1 and isinstance(result, WindowResult) and result.verdict is not None:
@@ -268,23 +302,20 @@ class VerifierEngine:
                 fresh = session is not None and result.committed_position == window.base_position + 1 == \
                     len(session.committed)   # scored now, not a replay of an earlier answer
                 if fresh and result.verdict.next_token not in ending_ids(session.params, self.eos_ids):
-                    going[i] = (session, [result])
-        while going:
-            order = list(going)
-            wave = [(requests[i][0], Window(requests[i][1].seq, len(going[i][0].committed), (),
-                                            params_fingerprint=requests[i][1].params_fingerprint)) for i in order]
-            stepped: list[WindowResult | EdgespecError | None] = [None] * len(wave)
-            self._verify_wave(wave, list(range(len(wave))), stepped)
-            for i, result in zip(order, stepped):
-                session, parts = going[i]
-                done = not isinstance(result, WindowResult) or result.verdict is None
-                if not done:
-                    parts.append(result)
-                    done = len(parts) >= requests[i][1].steps or \
-                        result.verdict.next_token in ending_ids(session.params, self.eos_ids)
-                if done:
-                    del going[i]
-                    results[i] = self._merge_steps(session, requests[i][1], parts)
+                    after.append(Stepping(i, session_id, session, window, [result]))
+                    results[i] = None
+        return results[:len(requests)], after
+
+    def _stepped(self, stepping: "Stepping", result: WindowResult | EdgespecError | None) -> "Stepping":
+        """A window of steps after one more forward: its part added, and its merged result once it is done."""
+        done = not isinstance(result, WindowResult) or result.verdict is None
+        if not done:
+            stepping.parts.append(result)
+            done = len(stepping.parts) >= stepping.window.steps or \
+                result.verdict.next_token in ending_ids(stepping.session.params, self.eos_ids)
+        if done:
+            stepping.result = self._merge_steps(stepping.session, stepping.window, stepping.parts)
+        return stepping
 
     def _merge_steps(self, session: _Session, window: Window, parts: list[WindowResult]) -> WindowResult:
         """One result for a window's steps: the tokens of all of them, their forward times summed, the first

@@ -402,3 +402,54 @@ def test_turnarounds_learn_from_verdict_to_next_window_and_forget_idle_sessions(
     assert t.arrived(["s"]) and t.arrived([])
     t.forget_older_than(5.0)
     assert t.answered == {} and t.seconds == {} and t.tokens == {} and t.seen == {}
+
+
+def test_a_window_that_arrives_during_another_sessions_steps_joins_the_next_step_and_is_answered_after_it():
+    class Recording(VerifierEngine):
+        """Records each forward's work (new windows, windows of steps going on); the first waits for the test."""
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls, self.started, self.first = [], threading.Event(), threading.Event()
+
+        def verify_step(self, requests, going=()):
+            if not self.calls:
+                self.started.set()
+                self.first.wait(10)
+            self.calls.append((len(requests), len([s for s in going if s.result is None])))
+            return super().verify_step(requests, going)
+
+    engine = Recording(tiny(TARGET), [TINY_EOS], VerifierLimits(max_window=8))
+    alone = VerifierEngine(tiny(TARGET), [TINY_EOS], VerifierLimits(max_window=8))
+    for e in (engine, alone):
+        e.open("steps", PROMPTS[0])
+        e.open("other", PROMPTS[1])
+    steps = Window(0, len(PROMPTS[0]), (), steps=8)
+    other = Window(0, len(PROMPTS[1]), tuple(target_only_greedy(TARGET, PROMPTS[1], 2)))
+
+    async def go():
+        worker = ModelWorker("test-verifier")
+        scheduler = VerifyScheduler(engine, worker, BatchPolicy())
+        answered = []
+
+        async def verify(session_id, window):
+            result, _ = await scheduler.verify(session_id, window)
+            answered.append(session_id)
+            return result
+        stepping = asyncio.ensure_future(verify("steps", steps))
+        while not engine.started.is_set():   # the steps' first forward is under way
+            await asyncio.sleep(0.01)
+        drafted = asyncio.ensure_future(verify("other", other))
+        await asyncio.sleep(0.05)
+        engine.first.set()
+        results = await asyncio.gather(stepping, drafted)
+        worker.shutdown()
+        return results, answered
+
+    (steps_result, other_result), answered = asyncio.run(go())
+    assert engine.calls[:2] == [(1, 0), (1, 1)]   # the drafted window went into the steps' second forward
+    assert answered == ["other", "steps"]         # ... and was answered after it, before the steps were done
+    assert len(engine.calls) == 8                 # one forward per step
+    assert steps_result.verdict == alone.verify_batch([("steps", steps)])[0].verdict   # as in a batch of its own
+    assert engine.committed("steps") == PROMPTS[0] + target_only_greedy(TARGET, PROMPTS[0], 8)
+    assert engine.committed("other") == PROMPTS[1] + target_only_greedy(TARGET, PROMPTS[1], 3)
+    assert other_result.verdict.accepted == 2 and steps_result.committed_position == len(PROMPTS[0]) + 8
