@@ -185,7 +185,8 @@ def edgespec_cluster(layout: dict, log_dir: Path, timeout_seconds: float = 60) -
         raise ServerFailed(f"edgespec's cluster did not start: {error}") from None
     try:
         log_path = cluster.coordinator.log_path
-        found = HTTP_API.search(log_path.read_text(errors="replace"))
+        # the last one: services append to their logs, and a log dir used before holds earlier runs' addresses
+        found = ([None] + list(HTTP_API.finditer(log_path.read_text(errors="replace"))))[-1]
         if found is None:
             raise ServerFailed(f"edgespec's coordinator did not log its HTTP address (log: {log_path}):\n"
                                f"{log_tail(log_path)}")

@@ -348,6 +348,12 @@ class Rounds:
                 self.policy.observe(sample)
                 if window.draft:
                     self.drafter.observe(window.draft, sample)   # a routed drafter learns from its verdicts
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("session %s round: k %d%s accepted %d, %d tokens in %d steps; forward %.1f ms over %d windows "
+                          "/ %d tokens, waited %.1f ms, link %.1f ms", self.session_id, sample.k,
+                          " (free)" if sample.free else "", sample.accepted, sample.tokens, sample.steps,
+                          1e3 * sample.verify_compute_seconds, sample.batch_windows, sample.batch_tokens,
+                          1e3 * sample.verifier_wait, 1e3 * sample.rtt)
             return Chunk(tokens, position, logprobs=verdict.logprobs)
 
     async def degraded(self, max_unverified: int) -> AsyncIterator[Chunk]:
