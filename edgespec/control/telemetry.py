@@ -106,6 +106,7 @@ class Telemetry:
     rounds: int = 0
     last_link: str = ""
     batch_windows: float = 0.0                                 # EMA of windows per verifier forward (0 = unreported)
+    drafter_shares_cpus: bool = False                          # the drafter runs on the verifier's CPUs (their Infos)
     forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
     profile: dict[int, float] = field(default_factory=dict)   # tokens fed -> forward seconds, the verifier's own
                                                                # measurement at its start (Info.forward_seconds)
@@ -170,6 +171,7 @@ class Telemetry:
         self.draft_prefill_per_token = other.draft_prefill_per_token
         self.verify_compute = dict(other.verify_compute)
         self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
+        self.drafter_shares_cpus = other.drafter_shares_cpus
         self.profile = dict(other.profile)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
 
@@ -182,6 +184,14 @@ class Telemetry:
         self.alpha = list(coordinator.alpha)
         self.known_depth = max(coordinator.known_depth, coordinator.judged_depth)
         self.sibling_chances, self.sibling_hits = coordinator.sibling_chances, coordinator.sibling_hits
+
+    def expect_company(self, others: int) -> None:
+        """A session that starts while ``others`` sessions of its coordinator are under way: its forwards are taken to
+        be shared by them all until its rounds say otherwise (batch_windows). The costs it inherited may come from a
+        quieter time (one session after another); by them it would draft, and open its drafter, at a load where that
+        cannot pay (measured: 4 sessions started together after single ones, on 2 CPUs)."""
+        if others > 0:
+            self.batch_windows = max(self.batch_windows, float(others + 1))
 
     def absorb(self, session: "Telemetry", weight: float = 0.3) -> None:
         """A finished session into the coordinator's telemetry: its costs replace the coordinator's (inherit_costs),
@@ -204,7 +214,7 @@ class Telemetry:
         if k <= 0 or max_depth <= 0 or self.shared_forwards() or k not in self.verify_compute or not self.forward_curve:
             return 0
         beta = (self.sibling_hits + 1) / (self.sibling_chances + 4)
-        return best_tree_depth(self._alphas(k), k, beta, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+        return best_tree_depth(self._alphas(k), k, beta, self.draft_seconds(), self.link_stats().mean or 0.0,
                                self._forward_cost, max_depth)
 
     def _forward_cost(self, tokens: int) -> float:
@@ -253,6 +263,14 @@ class Telemetry:
         None before any report."""
         return curve_seconds(self.forward_curve, tokens)
 
+    def draft_seconds(self) -> float:
+        """What a drafted token costs a round: the drafter's time per token (0 while unmeasured). With the drafter on
+        the verifier's CPUs while W sessions share its forwards, W times that: the CPU time the drafter takes is
+        taken from the forward every one of them waits for (measured, 2 CPUs, 4 users: the adaptive window's model
+        drafts at 0.7x window 0's throughput while each session's own estimate said they paid)."""
+        seconds = self.draft_per_token or 0.0
+        return seconds * self.batch_windows if self.drafter_shares_cpus and self.shared_forwards() else seconds
+
     def shared_forwards(self) -> bool:
         """The verifier's forwards carry other sessions' windows too (1.5 or more per forward on average)."""
         return self.batch_windows >= 1.5
@@ -290,7 +308,7 @@ class Telemetry:
         among the others; the goodput policy follows it with ``optimistic`` costing of unmeasured windows.
         Past the positions tracked, acceptance is taken to stay at the last tracked position's."""
         max_k = self.max_k if max_k is None else max_k
-        return best_window(self._alphas(max_k), self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+        return best_window(self._alphas(max_k), self.draft_seconds(), self.link_stats().mean or 0.0,
                            lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k)
 
     def probe_window(self, max_k: int) -> int:
@@ -299,12 +317,12 @@ class Telemetry:
         of one token finds only the first position's acceptance, and the deeper ones stay where they were
         (the prior, or earlier sessions'), so a drafter accepted 9 times in 10 stayed at target-only."""
         first = self._alphas(1)[0]
-        return best_window([first] * max_k, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+        return best_window([first] * max_k, self.draft_seconds(), self.link_stats().mean or 0.0,
                            lambda k: max(1e-6, self.verify_estimate(k, True)), max_k, min_k=1)
 
     def goodput_rate(self, k: int, optimistic: bool = False) -> float:
         """E(k) / (k t_draft + RTT + t_verify(k)) from these estimates: what goodput_window maximises."""
-        return goodput(self._alphas(k), k, self.draft_per_token or 0.0, self.link_stats().mean or 0.0,
+        return goodput(self._alphas(k), k, self.draft_seconds(), self.link_stats().mean or 0.0,
                        max(1e-6, self.verify_estimate(k, optimistic)))
 
     def _alphas(self, max_k: int) -> list[float]:
@@ -341,7 +359,7 @@ class Telemetry:
             return None
         link = self.link_stats().mean or 0.0
         verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
-        _, drafting = best_rate([1.0] * max_k, self.draft_per_token, link, verify, max_k, min_k=1)
+        _, drafting = best_rate([1.0] * max_k, self.draft_seconds(), link, verify, max_k, min_k=1)
         return goodput([], 0, 0.0, link, verify(0)), drafting
 
     def link_stats(self, link: str | None = None) -> LinkStats:

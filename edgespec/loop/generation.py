@@ -205,11 +205,14 @@ class Generations:
         self.metrics = metrics or CoordinatorMetrics()   # rounds, generations (and the verifier port's failovers)
         self.free_drafter = free_drafter       # asked every round of adaptive-window requests; None = off
         self.costs = Telemetry()               # what earlier sessions measured (costs) and accepted (a prior)
+        self.running = 0                       # generations under way (past their checks)
         # drafter name -> (seconds per drafted token, per prefilled token), as its Info says
         self.draft_costs: dict[str, tuple[float, float]] = {}
         self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
         self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
         self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
+        self._placements: dict[str, object] = {}   # drafter name ("" = the verifier) -> its Info's Placement
+        self._placed: tuple | None = None           # the (verifier, drafter) placements last compared
 
     async def run(self, session_id: str, request: GenerationRequest) -> AsyncIterator[TextChunk | GenerationStats]:
         """Validate, take a slot of the calling client, open, speculate; yield each round's text, then the stats.
@@ -225,6 +228,7 @@ class Generations:
         started = time.perf_counter()
         telemetry = Telemetry()
         telemetry.start_from(self.costs)   # start from what earlier sessions measured and accepted
+        telemetry.expect_company(self.running)
         policy = self._policy(plan.window, telemetry)
         drafting = plan.window != 0
         pipelined = config.pipeline and drafting
@@ -246,6 +250,7 @@ class Generations:
                  request.max_new_tokens, f" (resuming after {len(plan.resume)})" if plan.resume else "",
                  "auto" if plan.window < 0 else plan.window, "greedy" if params.greedy else params,
                  ", pipelined" if config.pipeline else "")
+        self.running += 1
         try:
             # The drafter opens on the first draft, after this: prefilling both at once
             # oversubscribes the cores (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
@@ -282,6 +287,7 @@ class Generations:
             self.metrics.failed()
             raise
         finally:
+            self.running -= 1
             if self.slots is not None:
                 self.slots.release(session_id)
             if telemetry.rounds:
@@ -412,10 +418,27 @@ class Generations:
         the drafting cost of rounds before any round has measured it (0 or absent: not measured)."""
         seconds = float(getattr(info, "draft_seconds_per_token", 0.0) or 0.0)
         prefill = float(getattr(info, "prefill_seconds_per_token", 0.0) or 0.0)
+        self._placements[name] = getattr(info, "placement", None)
+        self._check_placement()
         if seconds > 0:
             self.draft_costs[name] = (seconds, prefill)
             log.info("drafter %s: a drafted token costs %.1f ms, a prefilled one %.2f ms, by its own measure", name,
                      1000 * seconds, 1000 * prefill)
+
+    def _check_placement(self) -> None:
+        """The only drafter on the verifier's CPUs (both Infos say where they run): its drafting takes the verifier's
+        time, which the window policy prices under load (Telemetry.drafter_shares_cpus)."""
+        if self.router is not None or "" not in self._placements or len(self._placements) < 2:
+            return
+        verifier = self._placements[""]
+        drafter = next(p for name, p in self._placements.items() if name)
+        shared = _share_cpus(verifier, drafter)
+        if (verifier, drafter) != self._placed:
+            self._placed = (verifier, drafter)
+            self.costs.drafter_shares_cpus = shared
+            log.info("the drafter %s: %s", "shares CPUs with the verifier" if shared else "runs on other CPUs than the verifier",
+                     "under load a drafted token is priced as the verifier's time it takes" if shared
+                     else "drafting takes no verifier time")
 
     async def _verifier_info(self) -> VerifierInfo:
         """Vocabulary and EOS ids, from the first verifier that answers (cached)."""
@@ -426,6 +449,8 @@ class Generations:
                     # its forward time by tokens fed, measured at its start: the cost of windows not sent yet
                     profile = getattr(self._info, "forward_seconds", ())
                     self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
+                    self._placements[""] = getattr(self._info, "placement", None)
+                    self._check_placement()
                     break
                 except EdgespecError as error:
                     self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s",
@@ -458,6 +483,12 @@ class Generations:
                 pass   # never opened there (e.g. the policy never drafted)
             except EdgespecError as error:
                 log.warning("closing session %s on the %s: %s", session_id, type(side).__name__, error)
+
+
+def _share_cpus(a: object, b: object) -> bool:
+    """Two Placements (host, cpus; None = unknown) on one machine with a CPU in common."""
+    host = getattr(a, "host", "")
+    return bool(host) and host == getattr(b, "host", None) and bool(set(getattr(a, "cpus", ())) & set(getattr(b, "cpus", ())))
 
 
 def _cut(text: TextStreamPort, cutter: StopCutter, tokens: Sequence[int], position: int = 0,

@@ -70,3 +70,11 @@ class SparseDistribution(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     weights: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("host", "cpus")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    cpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, host: _Optional[str] = ..., cpus: _Optional[_Iterable[int]] = ...) -> None: ...

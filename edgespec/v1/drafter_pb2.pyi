@@ -12,7 +12,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_window", "backend", "device", "dtype", "eos_token_ids", "draft_seconds_per_token", "prefill_seconds_per_token")
+    __slots__ = ("model", "vocab_size", "max_window", "backend", "device", "dtype", "eos_token_ids", "draft_seconds_per_token", "prefill_seconds_per_token", "placement")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class DrafterInfoResponse(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_window: int
@@ -31,7 +32,8 @@ class DrafterInfoResponse(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_seconds_per_token: float
     prefill_seconds_per_token: float
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., draft_seconds_per_token: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ...) -> None: ...
+    placement: _common_pb2.Placement
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., draft_seconds_per_token: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ...) -> None: ...
 
 class DrafterOpenRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "sampling", "q_ids")

@@ -18,6 +18,7 @@ from edgespec.observe import tracing
 from edgespec.engines.batching import BatchDone, VerifyScheduler
 from edgespec.errors import EdgespecError
 from edgespec.observe.metrics import VerifierMetrics
+from edgespec.net import placement
 from edgespec.net.security import SessionOwners
 from edgespec.v1 import verifier_pb2 as pb
 from edgespec.net.wire import logprobs_to_pb, params_from_pb, window_from_pb
@@ -44,7 +45,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.info = pb.InfoResponse(model=model, vocab_size=engine.target.vocab_size,
                                     eos_token_ids=sorted(engine.eos_ids), max_window=engine.limits.max_window,
                                     max_session_tokens=engine.limits.max_session_tokens, device=device, dtype=dtype,
-                                    forward_seconds=forward_seconds)
+                                    forward_seconds=forward_seconds, placement=placement.here())
 
     async def Info(self, request, context):
         return self.info

@@ -1,5 +1,7 @@
 """The three services as real processes on loopback, with tiny models."""
 import asyncio
+import os
+import socket
 import subprocess
 import sys
 
@@ -227,6 +229,32 @@ def test_every_service_serves_health_and_reflection(cluster):
         status, names = asyncio.run(go(service.address))
         assert status == health_pb2.HealthCheckResponse.SERVING
         assert name in names and "grpc.health.v1.Health" in names
+
+
+def test_verifier_and_drafter_say_where_they_run_and_the_coordinator_sees_them_share_cpus(cluster):
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.verifier.address) as v, \
+                grpc.aio.insecure_channel(cluster.drafter.address) as d:
+            return (await verifier_pb2_grpc.VerifierStub(v).Info(verifier_pb2.InfoRequest()),
+                    await drafter_pb2_grpc.DrafterStub(d).Info(drafter_pb2.DrafterInfoRequest()))
+    verifier, drafter = asyncio.run(go())
+    for info in (verifier, drafter):   # unpinned, on this machine
+        assert info.placement.host == socket.gethostname()
+        assert list(info.placement.cpus) == sorted(os.sched_getaffinity(0))
+    collect(cluster.coordinator.address, PROMPTS[0], 4, -1)   # the coordinator reads the verifier's Info
+    assert "the drafter shares CPUs with the verifier" in cluster.coordinator.log_path.read_text()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin the services apart")
+def test_a_drafter_pinned_to_other_cpus_than_the_verifier_is_seen_apart(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    with LocalCluster(tmp_path, verifier_args=["--model", "tiny:7"], drafter_args=["--model", "tiny:7~1"],
+                      coordinator_args=["--tokenizer", "bytes"], verifier_cpus=str(cpus[-1]),
+                      edge_cpus=str(cpus[0])) as running:
+        chunks, _ = collect(running.coordinator.address, PROMPTS[0], 8, -1)
+        log = running.coordinator.log_path.read_text()
+    assert [t for c in chunks for t in c.token_ids] == target_only_greedy("tiny:7", list(PROMPTS[0].encode()), 8)
+    assert "the drafter runs on other CPUs than the verifier" in log and "shares CPUs" not in log
 
 
 def test_cli_generate_streams_text_and_stats(cluster):

@@ -33,6 +33,31 @@ def test_a_windows_wait_behind_other_sessions_in_the_verifier_is_not_link_latenc
     assert sample(wall=0.95, compute=0.40).rtt == pytest.approx(0.55)
 
 
+def test_a_session_that_starts_beside_others_takes_its_forwards_as_shared_until_measured():
+    t = Telemetry()
+    t.expect_company(3)
+    assert t.batch_windows == 4 and t.shared_forwards()
+    alone = Telemetry()
+    alone.expect_company(0)
+    assert alone.batch_windows == 0 and not alone.shared_forwards()
+
+
+def test_a_drafter_on_the_verifiers_cpus_costs_its_time_for_every_session_sharing_the_forward():
+    def costs(shares_cpus, windows):
+        t = Telemetry(smoothing=1.0)
+        t.alpha = [0.9] * t.max_k
+        t.draft_per_token, t.batch_windows, t.drafter_shares_cpus = 0.03, windows, shares_cpus
+        t.forward_curve = {4: 0.12, 8: 0.15, 12: 0.18, 16: 0.21, 20: 0.24}   # batching pays
+        t.verify_compute = {0: 0.05}
+        return t
+    assert costs(False, 4).draft_seconds() == pytest.approx(0.03)
+    assert costs(True, 4).draft_seconds() == pytest.approx(0.12)    # 4 sessions wait for what it takes
+    assert costs(True, 1).draft_seconds() == pytest.approx(0.03)    # alone: only its own rounds wait
+    assert costs(False, 4).goodput_window(4) > 0                      # drafting pays on a drafter of its own
+    assert costs(True, 4).goodput_window(4) == 0                      # not on the verifier's CPUs, at this load
+    assert costs(True, 4).drafting_cannot_pay(4)
+
+
 def test_rtt_trend_is_positive_while_the_link_slows_and_decays_when_it_settles():
     t = Telemetry()
     for rtt in [0.02] * 10 + [0.02 + 0.01 * i for i in range(1, 11)]:
