@@ -12,6 +12,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import grpc
 
+from edgespec.backoff import backoff_seconds
 from edgespec.v1 import common_pb2
 from edgespec.v1 import coordinator_pb2 as pb
 from edgespec.v1 import coordinator_pb2_grpc
@@ -111,8 +112,7 @@ def reconnect_delay(attempt: int, first: float = RECONNECT_FIRST_SECONDS, cap: f
     """Seconds to wait before reconnect try ``attempt`` (1 = the first retry): exponential backoff with
     "equal jitter", between half and all of min(cap, first * 2^(attempt-1)), so that clients cut off
     together do not come back together, and none hammers a coordinator that answers at once."""
-    ceiling = min(cap, first * 2 ** (max(1, attempt) - 1))
-    return ceiling / 2 + rng() * ceiling / 2
+    return backoff_seconds(attempt, first / 2, cap / 2, jitter=1.0, rng=rng)   # half the ceiling, up to twice that
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
+from edgespec.backoff import backoff_seconds
 from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
 from edgespec.loop.pool import VerifierPool
 from edgespec.loop.rounds import now
@@ -240,6 +241,5 @@ OPEN_RETRY_MAX_SECONDS = 5.0     # longest wait between asks without a hint
 def open_retry_delay(hint_seconds: float | None, refusals: int, rng=random.random) -> float:
     """Seconds to wait after the ``refusals``-th RESOURCE_EXHAUSTED answer to an open: the verifier's retry hint
     (never less), else exponential from 0.1 s up to 5 s; plus up to 25% jitter so refused sessions spread out."""
-    base = hint_seconds if hint_seconds is not None else min(
-        OPEN_RETRY_MAX_SECONDS, OPEN_RETRY_FIRST_SECONDS * 2 ** (refusals - 1))
-    return base * (1 + 0.25 * rng())
+    return backoff_seconds(refusals, OPEN_RETRY_FIRST_SECONDS, OPEN_RETRY_MAX_SECONDS, jitter=0.25, hint=hint_seconds,
+                           rng=rng)

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from edgespec.backoff import backoff_seconds
+
 
 @dataclass(slots=True)
 class Endpoint:
@@ -50,7 +52,7 @@ class VerifierPool:
         """Record a failure; ban for base * 2^(failures-1), capped. Returns the ban length, seconds."""
         endpoint = self.endpoints[address]
         endpoint.failures += 1
-        seconds = min(self.max_backoff, self.base_backoff * 2 ** (endpoint.failures - 1))
+        seconds = backoff_seconds(endpoint.failures, self.base_backoff, self.max_backoff)
         endpoint.banned_until = self.clock() + seconds
         return seconds
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Collection, Iterator, Protocol, Sequence
@@ -32,6 +31,7 @@ from typing import AsyncIterator, Collection, Iterator, Protocol, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from edgespec.backoff import backoff_seconds
 from edgespec.control.goodput import best_window
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
@@ -276,9 +276,9 @@ class Rounds:
             # Refused (its session quota, a rate limit), not broken: target-only rounds, and ask again after
             # its hint or a backoff that grows while the refusals go on (jittered: refused sessions spread out).
             self.drafter_refusals += 1
-            seconds = max(error.retry_after_seconds or 0.0, min(
-                DRAFTER_MAX_REFUSED_BACKOFF_SECONDS, DRAFTER_BACKOFF_SECONDS * 2 ** (self.drafter_refusals - 1)))
-            seconds *= 1 + 0.25 * random.random()
+            seconds = backoff_seconds(self.drafter_refusals, DRAFTER_BACKOFF_SECONDS,
+                                      DRAFTER_MAX_REFUSED_BACKOFF_SECONDS, jitter=0.25,
+                                      at_least=error.retry_after_seconds or 0.0)
             log.info("session %s: the drafter refused (%s); target-only rounds for %.1fs",
                      self.session_id, error, seconds)
         else:

@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgespec import errors
+from edgespec.backoff import backoff_seconds
 from edgespec.observe import logs, tracing
 from edgespec.net import rpc
 from edgespec.verify.sampling import SamplingParams, SparseDist
@@ -32,6 +33,8 @@ from edgespec.net.wire import dists_from_pb, logprobs_from_pb, params_to_pb, win
 # does its own banning and backoff above this.
 CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", 1000)]
+HEALTH_RETRY_FIRST_SECONDS = 0.1   # wait after a health watch breaks; doubles while it keeps breaking ...
+HEALTH_RETRY_MAX_SECONDS = 0.5     # ... up to this
 
 
 class GrpcDrafter:
@@ -134,17 +137,17 @@ class GrpcVerifier:
         """
         stub = health_pb2_grpc.HealthStub(self._channel)
         request = health_pb2.HealthCheckRequest(service=verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name)
-        backoff = 0.1
+        broken = 0   # watches broken in a row, with no reply in between
         while True:
             try:
                 async for reply in stub.Watch(request):
                     on_change(self.address, reply.status == health_pb2.HealthCheckResponse.SERVING)
-                    backoff = 0.1
+                    broken = 0
             except grpc.aio.AioRpcError:
                 pass
             on_change(self.address, False)
-            await asyncio.sleep(backoff)
-            backoff = min(0.5, backoff * 2)
+            broken += 1
+            await asyncio.sleep(backoff_seconds(broken, HEALTH_RETRY_FIRST_SECONDS, HEALTH_RETRY_MAX_SECONDS))
 
     async def _call(self, method, request):
         try:
