@@ -3,12 +3,9 @@
 The cache is synced lazily to the committed tokens on the next draft (longest
 common prefix), so a rollback is only a change of the committed list.
 
-Idle sessions, as on the verifier: a session unused for ``idle_ttl_seconds``
-loses its KV cache (its committed tokens stay; the next draft rebuilds the cache
-from them, so eviction costs a prefill, never a different draft); one unused
-for ``forget_after_seconds`` is dropped entirely, and the coordinator re-opens
-it with its committed prefix when it answers NOT_FOUND. That frees what a
-crashed coordinator leaves behind.
+Idle sessions go as on the verifier (edgespec.engines.sessions): an evicted KV
+cache is rebuilt from the committed tokens on the next draft, so eviction costs a
+prefill, never a different draft.
 """
 from __future__ import annotations
 
@@ -20,6 +17,7 @@ import numpy as np
 
 from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.engines.limits import check_prefix, check_session_id, check_token_ids
+from edgespec.engines.sessions import Evictions, Session, SessionTable
 from edgespec.verify.sampling import (DRAFT, SamplingParams, SparseDist, check_params, race_times, truncate_to_sparse,
                                       uniform, warp)
 from edgespec.verify.tree import nth
@@ -50,20 +48,10 @@ class Proposal:
     parents: list[int] | None = None   # a token tree's parents (edgespec.verify.tree); None = a chain
 
 
-@dataclass(frozen=True, slots=True)
-class Evictions:
-    kv_dropped: list[str]    # sessions whose KV cache was freed (rebuilt on their next draft)
-    forgotten: list[str]     # sessions dropped entirely
-
-
 @dataclass(slots=True)
-class _Session:
-    committed: list[int]
-    kv: Any
-    params: SamplingParams
-    q_ids: int    # ids of q kept per position when sampling; 0 = deterministic drafting
-    last_used: float = 0.0   # clock time of the last open, draft or crop
-    cached: bool = True      # kv may hold positions (False right after an eviction)
+class _Session(Session):
+    q_ids: int = 0        # ids of q kept per position when sampling; 0 = deterministic drafting
+    cached: bool = True   # kv may hold positions (False right after an eviction)
 
 
 class DrafterEngine:
@@ -72,7 +60,7 @@ class DrafterEngine:
         self.model = model
         self.limits = limits
         self.clock = clock
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: SessionTable[_Session] = SessionTable("drafter")
 
     @property
     def session_count(self) -> int:
@@ -88,7 +76,7 @@ class DrafterEngine:
         check_params(params)
         if not 0 <= q_ids <= self.model.vocab_size:
             raise InvalidArgument("q_ids", f"must be in 0..{self.model.vocab_size}, got {q_ids}")
-        session = _Session(list(tokens), self.model.new_state(), params, q_ids, self.clock())
+        session = _Session(list(tokens), self.model.new_state(), params, self.clock(), q_ids)
         self.model.prefill(session.kv, tokens)   # so the first draft costs what later ones do
         self._sessions[session_id] = session
         return len(tokens)
@@ -187,20 +175,14 @@ class DrafterEngine:
 
     def evict_idle(self) -> Evictions:
         """Free the KV caches of sessions idle past the TTL; drop those idle past ``forget_after``."""
-        now, limits = self.clock(), self.limits
-        dropped, forgotten = [], []
-        for session_id, session in list(self._sessions.items()):
-            idle = now - session.last_used
-            if limits.forget_after_seconds and idle >= limits.forget_after_seconds:
-                del self._sessions[session_id]
-                forgotten.append(session_id)
-            elif limits.idle_ttl_seconds and idle >= limits.idle_ttl_seconds and session.cached:
-                session.kv, session.cached = self.model.new_state(), False   # rebuilt from committed on the next draft
-                dropped.append(session_id)
-        return Evictions(dropped, forgotten)
+        return self._sessions.evict_idle(self.clock(), self.limits.idle_ttl_seconds,
+                                         self.limits.forget_after_seconds, self._drop_kv)
+
+    def _drop_kv(self, session: _Session) -> bool:
+        if not session.cached:
+            return False
+        session.kv, session.cached = self.model.new_state(), False   # rebuilt from committed on the next draft
+        return True
 
     def _get(self, session_id: str) -> _Session:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise NotFound(f"session {session_id!r} is not open on this drafter; open it with its committed prefix") from None
+        return self._sessions.find(session_id)

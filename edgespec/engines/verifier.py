@@ -22,6 +22,7 @@ import numpy as np
 
 from edgespec.errors import Aborted, EdgespecError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from edgespec.engines.limits import check_draft_probs, check_prefix, check_session_id, check_token_ids
+from edgespec.engines.sessions import Evictions, Session, SessionTable
 from edgespec.verify.eos import ending_ids, mask_eos
 from edgespec.verify.logprobs import TokenLogprob, token_logprobs
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
@@ -82,12 +83,6 @@ class Stepping:
 
 
 @dataclass(frozen=True, slots=True)
-class Evictions:
-    kv_dropped: list[str]    # sessions whose KV cache was freed (restored on their next window)
-    forgotten: list[str]     # sessions dropped entirely
-
-
-@dataclass(frozen=True, slots=True)
 class Usage:
     """What the engine holds now, and what its memory management did so far."""
     sessions: int
@@ -99,11 +94,7 @@ class Usage:
 
 
 @dataclass(slots=True)
-class _Session:
-    committed: list[int]
-    kv: Any
-    params: SamplingParams
-    last_used: float
+class _Session(Session):
     replies: OrderedDict[int, tuple[tuple, WindowResult]] = field(default_factory=OrderedDict)
     self_drafter: SelfDrafter | None = None   # cloud drafting (PTD): made on the first self-drafted window
 
@@ -124,7 +115,7 @@ class VerifierEngine:
         self.limits = limits
         self.self_draft = self_draft   # cloud drafting's budget and tree shape
         self.clock = clock
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: SessionTable[_Session] = SessionTable("verifier")
         self._opening: dict[str, _Opening] = {}   # sessions whose prompt is being prefilled
         self._head: WeightHead | None = None   # the learned DIVERSED weight head, loaded on first use
         self.restores = 0                      # windows that re-prefilled an evicted cache
@@ -358,13 +349,10 @@ class VerifierEngine:
             # Logits after committed[-1] and after each draft token: k + 1 rows per window.
             rows = self.target.logits_rows_batch([s.kv for _, s in scored], seqs,
                                                  [len(requests[i][1].draft) + 1 for i, _ in scored])
-        except Exception as error:   # a failed forward (e.g. out of memory): every window in it fails, none commits
+        except Exception as error:   # every window in it fails, none commits
             log.exception("target forward over %d windows failed", len(scored))
             for i, session in scored:
-                session.kv = self.target.new_state()   # restored from the committed prefix next time
-                # A backend that is full says so (RESOURCE_EXHAUSTED: back off); anything else is UNAVAILABLE.
-                results[i] = error if isinstance(error, ResourceExhausted) else Unavailable(
-                    f"target forward failed: {type(error).__name__}: {error}")
+                results[i] = self._forward_failed(session, error)
             return
         self.restores += restoring
         seconds = time.perf_counter() - started
@@ -391,9 +379,7 @@ class VerifierEngine:
             [logits] = self.target.logits_rows_batch([session.kv], [session.committed], [1])
         except Exception as error:
             log.exception("target forward failed")
-            session.kv = self.target.new_state()
-            return error if isinstance(error, ResourceExhausted) else Unavailable(
-                f"target forward failed: {type(error).__name__}: {error}")
+            return self._forward_failed(session, error)
         return self._commit(session, window, logits, time.perf_counter() - started, 1, 1)
 
     def _verify_tree(self, session: _Session, window: Window, tree: TokenTree | None = None,
@@ -407,9 +393,7 @@ class VerifierEngine:
             rows = self.target.tree_rows(session.kv, session.committed, tree)
         except Exception as error:
             log.exception("target forward over a tree of %d nodes failed", len(tree))
-            session.kv = self.target.new_state()
-            return error if isinstance(error, ResourceExhausted) else Unavailable(
-                f"target forward failed: {type(error).__name__}: {error}")
+            return self._forward_failed(session, error)
         params, eos = session.params, ending_ids(session.params, self.eos_ids)
         # row 0 scores the token after the root, row 1 + i the one after node i (at depth d: base + d)
         scores = mask_eos(rows, [window.base_position, *(window.base_position + d for d in tree.depths())],
@@ -435,6 +419,14 @@ class VerifierEngine:
         while len(session.replies) > REPLAY_MEMORY:
             session.replies.popitem(last=False)
         return result
+
+    def _forward_failed(self, session: _Session, error: Exception) -> EdgespecError:
+        """A failed target forward (e.g. out of memory) fails the session's window: its cache is reset (restored
+        from the committed prefix next time), and a backend that is full says so (RESOURCE_EXHAUSTED: back off);
+        anything else is UNAVAILABLE."""
+        session.kv = self.target.new_state()
+        return error if isinstance(error, ResourceExhausted) else Unavailable(
+            f"target forward failed: {type(error).__name__}: {error}")
 
     def _check_tree(self, session: _Session, window: Window) -> None:
         try:
@@ -522,17 +514,8 @@ class VerifierEngine:
 
     def evict_idle(self) -> Evictions:
         """Free the KV caches of sessions idle past the TTL; drop those idle past ``forget_after``."""
-        now, limits = self.clock(), self.limits
-        dropped, forgotten = [], []
-        for session_id, session in list(self._sessions.items()):
-            idle = now - session.last_used
-            if limits.forget_after_seconds and idle >= limits.forget_after_seconds:
-                del self._sessions[session_id]
-                self._release(session)
-                forgotten.append(session_id)
-            elif limits.idle_ttl_seconds and idle >= limits.idle_ttl_seconds and self._drop_kv(session):
-                dropped.append(session_id)
-        return Evictions(dropped, forgotten)
+        return self._sessions.evict_idle(self.clock(), self.limits.idle_ttl_seconds,
+                                         self.limits.forget_after_seconds, self._drop_kv, self._release)
 
     def _drop_kv(self, session: _Session) -> bool:
         if self.target.cached_length(session.kv) == 0:
@@ -574,10 +557,7 @@ class VerifierEngine:
                                     retry_after_seconds=1.0)
 
     def _get(self, session_id: str) -> _Session:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise NotFound(f"session {session_id!r} is not open on this verifier; open it with its committed prefix") from None
+        return self._sessions.find(session_id)
 
     def _check_window(self, session: _Session, base_position: int, draft: tuple[int, ...],
                       q: tuple[SparseDist, ...], params_fingerprint: int, optimistic: bool) -> None:
