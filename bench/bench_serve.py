@@ -3,8 +3,8 @@
     edgespec bench serve [--systems all] [--concurrency 1,4,16] [--subset 26] [--tokens 64] [--json PATH]
 
 Systems, each an OpenAI-compatible HTTP server started once, before anything is measured:
-  edgespec           the demo's cluster (bench/cluster.py: llama.cpp verifier, drafter and coordinator on loopback,
-                     edge and cloud on separate CPUs), the coordinator's OpenAI API, its default adaptive window
+  edgespec           llama.cpp verifier, drafter and coordinator on loopback (bench/cluster.py; placed on the CPUs
+                     as --edgespec-layout says), the coordinator's OpenAI API, its default adaptive window
   edgespec-w0        the same services, each request asking for window 0 (target-only): {"edgespec": {"window": 0}}
   llama-server       llama.cpp's own server on the verifier's target GGUF, built from the vendored llama.cpp
                      (bench/llamacpp_tools.py), continuous batching over -np slots (the largest concurrency)
@@ -21,8 +21,8 @@ reuses an earlier request's prompt (llama-server: cache_prompt false and no host
 caching off; edgespec's llama.cpp verifier does not by default), since the same prompts come back at every
 concurrency level.
 
-All systems run on the same CPUs (--cpus, default all of this process's; edgespec splits them into edge and
-cloud as the demo does, the others use all of them). For each concurrency level every system's client runs in
+All systems run on the same CPUs (--cpus, default all of this process's; edgespec's services share them as
+--edgespec-layout says, the others use all of them). For each concurrency level every system's client runs in
 turn, the order reversed at every other level, so that drift on a shared machine hits them alike; the CPU
 seconds the idle servers spend meanwhile are recorded.
 
