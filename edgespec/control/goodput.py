@@ -2,6 +2,8 @@
 
     goodput(k) = E(k) / (k * t_draft + overhead + t_verify(k)),   E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j
 
+and a target-only round of S steps (k = 0) commits S tokens in S passes for one overhead: S / (overhead + S t_verify(0)).
+
 One formula and one argmax for everything that weighs windows: the goodput window policy and AWC's
 analytic feature (both over edgespec.control.telemetry's estimates), the drafter router, the simulator's
 oracle and the AWC training labels.
@@ -21,26 +23,31 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
     return total
 
 
-def goodput(alphas: Sequence[float], k: int, draft_per_token: float, overhead: float, forward_seconds: float) -> float:
-    """Expected tokens per second of a window of k: E(k) / (k * t_draft + overhead + t_verify)."""
+def goodput(alphas: Sequence[float], k: int, draft_per_token: float, overhead: float, forward_seconds: float,
+            steps: int = 1) -> float:
+    """Expected tokens per second of a window of k: E(k) / (k * t_draft + overhead + t_verify); of a target-only
+    window of ``steps`` (k = 0, a pass each): steps / (overhead + steps * t_verify)."""
+    if k == 0 and steps > 1:
+        return steps / max(1e-9, overhead + steps * forward_seconds)
     return expected_tokens(alphas, k) / max(1e-9, k * draft_per_token + overhead + forward_seconds)
 
 
 def best_rate(alphas: Sequence[float], draft_per_token: float, overhead: float, verify: Callable[[int], float],
-              max_k: int, min_k: int = 0) -> tuple[int, float]:
-    """(k, goodput) of the k in [min_k, max_k] with the highest goodput; the smallest such k on a tie."""
+              max_k: int, min_k: int = 0, steps: int = 1) -> tuple[int, float]:
+    """(k, goodput) of the k in [min_k, max_k] with the highest goodput (k = 0: a target-only window of ``steps``);
+    the smallest such k on a tie."""
     best_k, best = min_k, -1.0
     for k in range(min_k, max_k + 1):
-        rate = goodput(alphas, k, draft_per_token, overhead, verify(k))
+        rate = goodput(alphas, k, draft_per_token, overhead, verify(k), steps)
         if rate > best + 1e-12:
             best_k, best = k, rate
     return best_k, best
 
 
 def best_window(alphas: Sequence[float], draft_per_token: float, overhead: float, verify: Callable[[int], float],
-                max_k: int, min_k: int = 0) -> int:
-    """The k in [min_k, max_k] maximising E(k) / (k * t_draft + overhead + verify(k))."""
-    return best_rate(alphas, draft_per_token, overhead, verify, max_k, min_k)[0]
+                max_k: int, min_k: int = 0, steps: int = 1) -> int:
+    """The k in [min_k, max_k] maximising E(k) / (k * t_draft + overhead + verify(k)) (k = 0: ``steps`` steps)."""
+    return best_rate(alphas, draft_per_token, overhead, verify, max_k, min_k, steps)[0]
 
 
 def tree_gain(alphas: Sequence[float], depth: int, beta: float) -> float:

@@ -107,6 +107,8 @@ class Telemetry:
     last_link: str = ""
     batch_windows: float = 0.0                                 # EMA of windows per verifier forward (0 = unreported)
     drafter_shares_cpus: bool = False                          # the drafter runs on the verifier's CPUs (their Infos)
+    verifier_wait: float = 0.0                                 # EMA of a window's wait in the verifier, seconds
+    target_steps: int = 1                                      # tokens a target-only round commits (its steps)
     forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
     profile: dict[int, float] = field(default_factory=dict)   # tokens fed -> forward seconds, the verifier's own
                                                                # measurement at its start (Info.forward_seconds)
@@ -137,6 +139,10 @@ class Telemetry:
             self.batch_windows = _ema(self.batch_windows or None, float(sample.batch_windows), s)
         self.queue_last = sample.queue_depth
         self.queue_ema = (1 - s) * self.queue_ema + s * sample.queue_depth
+        # what a round waits for the forward in progress when it arrives; a wait longer than two of its own forwards
+        # is a queue behind other sessions' prompts (a session's first window), which later rounds do not pay
+        forward = sample.verify_compute_seconds / max(1, sample.steps)
+        self.verifier_wait = (1 - s) * self.verifier_wait + s * min(sample.verifier_wait, 2 * forward)
         if sample.tokens > 0:
             self.tpot = _ema(self.tpot, sample.wall / sample.tokens, s)
         k, n = sample.k, sample.accepted
@@ -171,7 +177,7 @@ class Telemetry:
         self.draft_prefill_per_token = other.draft_prefill_per_token
         self.verify_compute = dict(other.verify_compute)
         self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
-        self.drafter_shares_cpus = other.drafter_shares_cpus
+        self.drafter_shares_cpus, self.verifier_wait = other.drafter_shares_cpus, other.verifier_wait
         self.profile = dict(other.profile)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
 
@@ -214,7 +220,7 @@ class Telemetry:
         if k <= 0 or max_depth <= 0 or self.shared_forwards() or k not in self.verify_compute or not self.forward_curve:
             return 0
         beta = (self.sibling_hits + 1) / (self.sibling_chances + 4)
-        return best_tree_depth(self._alphas(k), k, beta, self.draft_seconds(), self.link_stats().mean or 0.0,
+        return best_tree_depth(self._alphas(k), k, beta, self.draft_seconds(), self.round_overhead(),
                                self._forward_cost, max_depth)
 
     def _forward_cost(self, tokens: int) -> float:
@@ -263,6 +269,13 @@ class Telemetry:
         None before any report."""
         return curve_seconds(self.forward_curve, tokens)
 
+    def round_overhead(self) -> float:
+        """Seconds every round pays besides drafting and its forward: the link's round trip and the window's wait in
+        the verifier behind other sessions' work (EMAs). Under load the wait is most of it: a window that arrives
+        during another forward waits for its end. Longer rounds amortise it, a drafted window and a target-only
+        window of steps alike (target_steps)."""
+        return (self.link_stats().mean or 0.0) + self.verifier_wait
+
     def draft_seconds(self) -> float:
         """What a drafted token costs a round: the drafter's time per token (0 while unmeasured). With the drafter on
         the verifier's CPUs while W sessions share its forwards, W times that: the CPU time the drafter takes is
@@ -308,8 +321,8 @@ class Telemetry:
         among the others; the goodput policy follows it with ``optimistic`` costing of unmeasured windows.
         Past the positions tracked, acceptance is taken to stay at the last tracked position's."""
         max_k = self.max_k if max_k is None else max_k
-        return best_window(self._alphas(max_k), self.draft_seconds(), self.link_stats().mean or 0.0,
-                           lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k)
+        return best_window(self._alphas(max_k), self.draft_seconds(), self.round_overhead(),
+                           lambda k: max(1e-6, self.verify_estimate(k, optimistic)), max_k, steps=self.target_steps)
 
     def probe_window(self, max_k: int) -> int:
         """The window a probe (a drafted round among target-only ones) should draft: the best one by the costs if
@@ -317,13 +330,13 @@ class Telemetry:
         of one token finds only the first position's acceptance, and the deeper ones stay where they were
         (the prior, or earlier sessions'), so a drafter accepted 9 times in 10 stayed at target-only."""
         first = self._alphas(1)[0]
-        return best_window([first] * max_k, self.draft_seconds(), self.link_stats().mean or 0.0,
+        return best_window([first] * max_k, self.draft_seconds(), self.round_overhead(),
                            lambda k: max(1e-6, self.verify_estimate(k, True)), max_k, min_k=1)
 
     def goodput_rate(self, k: int, optimistic: bool = False) -> float:
         """E(k) / (k t_draft + RTT + t_verify(k)) from these estimates: what goodput_window maximises."""
-        return goodput(self._alphas(k), k, self.draft_seconds(), self.link_stats().mean or 0.0,
-                       max(1e-6, self.verify_estimate(k, optimistic)))
+        return goodput(self._alphas(k), k, self.draft_seconds(), self.round_overhead(),
+                       max(1e-6, self.verify_estimate(k, optimistic)), self.target_steps)
 
     def _alphas(self, max_k: int) -> list[float]:
         """Per-position acceptance for windows up to max_k: past the positions tracked, the last one's; past the
@@ -357,10 +370,10 @@ class Telemetry:
         measured costs (unmeasured windows by the fitted slope); None while the drafting cost is unmeasured."""
         if self.draft_per_token is None:
             return None
-        link = self.link_stats().mean or 0.0
+        overhead = self.round_overhead()
         verify = lambda k: max(1e-6, self.verify_estimate(k))   # noqa: E731
-        _, drafting = best_rate([1.0] * max_k, self.draft_seconds(), link, verify, max_k, min_k=1)
-        return goodput([], 0, 0.0, link, verify(0)), drafting
+        _, drafting = best_rate([1.0] * max_k, self.draft_seconds(), overhead, verify, max_k, min_k=1)
+        return goodput([], 0, 0.0, overhead, verify(0), self.target_steps), drafting
 
     def link_stats(self, link: str | None = None) -> LinkStats:
         return self.links.get(self.last_link if link is None else link) or LinkStats(self.smoothing)

@@ -149,6 +149,8 @@ class Rounds:
         self.free = free if free is not None and params.sampler != "coupled" and not params.relaxation.lossy else None
         self._free_sent: tuple[int, FreeProposal] | None = None   # (window seq, proposal) of the free window in flight
         self.target_steps = target_steps   # most steps of a target-only window (1: a token a round trip)
+        if not isinstance(policy, FixedWindow):
+            self.telemetry.target_steps = max(1, target_steps)   # what a target-only round commits, for the costs
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
                parent: int | None = None, parents: Sequence[int] = (), steps: int = 0) -> Window:
@@ -419,8 +421,8 @@ def pick_free_draft(free: FreeDraftSession, committed: Sequence[int], eos_ids: C
     usable = next((i for i, token in enumerate(proposal.tokens) if token in eos_ids), len(proposal.tokens))
     if not usable:
         return None
-    length = best_window(proposal.confidence[:usable], 0.0, t.link_stats().mean or 0.0,
-                         lambda k: max(1e-6, t.verify_estimate(k)), usable)
+    length = best_window(proposal.confidence[:usable], 0.0, t.round_overhead(),
+                         lambda k: max(1e-6, t.verify_estimate(k)), usable, steps=t.target_steps)
     if length == 0:
         free.declined(proposal)
         return None

@@ -1,4 +1,6 @@
 """Window policies on recorded traces."""
+import pytest
+from edgespec.control import goodput as model
 from edgespec.control.goodput import expected_tokens
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
@@ -92,3 +94,20 @@ def test_heuristic_ignores_budget_clamped_target_only_steps():
     policy = HeuristicWindow(k=3)
     policy.observe(RoundSample(0, 0, 0.0, 0.2))
     assert policy.choose() == 3
+
+
+def test_a_target_only_window_of_steps_amortises_the_round_overhead_as_a_drafted_window_does():
+    alphas, draft, forward = [0.7] * 4, 0.01, lambda k: 0.1 + 0.03 * k
+    assert model.goodput([], 0, 0.0, 0.2, 0.1, steps=4) == pytest.approx(4 / (0.2 + 0.4))
+    assert model.goodput([], 0, 0.0, 0.2, 0.1) == pytest.approx(1 / 0.3)          # one step: as before
+    # a round that waits 0.2 s (a busy verifier): against single steps drafting pays, against 4 steps it does not
+    assert model.best_window(alphas, draft, 0.2, forward, 4) > 0
+    assert model.best_window(alphas, draft, 0.2, forward, 4, steps=4) == 0
+
+
+def test_a_rounds_wait_in_the_verifier_counts_as_overhead_capped_at_two_of_its_forwards():
+    t = Telemetry(smoothing=1.0)
+    t.record(RoundSample(0, 0, 0.0, 0.5, 0.4, verifier_seconds=0.45, steps=4))   # waited 50 ms behind a forward
+    assert t.verifier_wait == pytest.approx(0.05) and t.round_overhead() == pytest.approx(0.05 + 0.05)
+    t.record(RoundSample(0, 0, 0.0, 3.2, 0.4, verifier_seconds=3.1, steps=4))    # 2.7 s behind others' prompts
+    assert t.verifier_wait == pytest.approx(0.2)                                  # two of its 0.1 s forwards
