@@ -296,29 +296,28 @@ class VerifyScheduler:
         if not due:
             return
         deadline, sessions = due[-1][0], [session for _, _, session in due]
-        while not self.rule.turnarounds.arrived(sessions):
-            now = time.monotonic()
-            if deadline <= now:
-                return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), deadline - now)
-            except asyncio.TimeoutError:
-                return
+        while not self.rule.turnarounds.arrived(sessions) and await self._next_arrival(deadline):
+            pass
 
     async def _gather(self) -> None:
         """Wait while more open sessions could still add a window, as the GatherRule says."""
         queued = [(session_id, len(w.draft) + 1) for (session_id, w), _ in self._queue]
         budget_end, deadline, awaited = self.rule.plan(time.monotonic(), queued)
         while len(self._queue) < min(self.policy.max_batch, self.streams):
-            now = time.monotonic()
-            if self.rule.done_waiting(now, budget_end, awaited) or deadline <= now:
+            if self.rule.done_waiting(time.monotonic(), budget_end, awaited) or not await self._next_arrival(deadline):
                 return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), deadline - now)
-            except asyncio.TimeoutError:
-                return
+
+    async def _next_arrival(self, deadline: float) -> bool:
+        """Wait for the next window to arrive; False if ``deadline`` (monotonic clock) came first."""
+        now = time.monotonic()
+        if deadline <= now:
+            return False
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), deadline - now)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def _take(self) -> list[tuple[tuple[str, Window], asyncio.Future]]:
         """Up to max_batch queued windows of distinct sessions, oldest first; the rest keep their order."""
