@@ -82,7 +82,9 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                         help="the auto window policy: goodput (expected tokens/s from measured costs), heuristic "
                              "(+2 after a fully accepted window, -1 otherwise) or awc (the learned adaptive window "
                              "control: an MLP over RTT, acceptance, queue and cost telemetry, smoothed and held by "
-                             "hysteresis; weights in edgespec/control/awc_weights.json) (default %(default)s)")
+                             "hysteresis; weights in edgespec/control/awc_weights.json). Measured against the best "
+                             "fixed window (torch, 2 CPUs, RTT 0-100 ms, code and chat): goodput 0-15%% behind, "
+                             "heuristic 7-35%%, awc 35-52%% (docs/benchmarks.md) (default %(default)s)")
     parser.add_argument("--free-drafts", default="suffix", choices=["suffix", "off"],
                         help="adaptive-window requests (greedy or lossless sampling, blocking rounds): before each "
                              "round, look up what the text so far continues (the longest earlier occurrence of its "
@@ -114,7 +116,8 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "rounds). fallback = while the edge drafter is down or refusing (instead of target-only "
                              "rounds); on = every round (requests with window 0 stay target-only). Each pass feeds "
                              "the verifier's --self-draft-nodes + 1 tokens: it pays where such a pass costs about "
-                             "one step (GPUs), rarely on a CPU (default %(default)s)")
+                             "one step (GPUs), rarely on a CPU: measured 0.72x target-only on 2 CPUs "
+                             "(docs/benchmarks.md) (default %(default)s)")
     parser.add_argument("--on-verifier-loss", default="fail",
                         choices=["fail", "draft-only"],
                         help="when no verifier is reachable for --failover-deadline: fail the request (UNAVAILABLE), "
