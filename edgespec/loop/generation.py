@@ -425,6 +425,12 @@ class Generations:
             log.info("drafter %s: a drafted token costs %.1f ms, a prefilled one %.2f ms, by its own measure", name,
                      1000 * seconds, 1000 * prefill)
 
+    def verifier_placement(self, info: object) -> None:
+        """A verifier's Info, asked at the coordinator's start (readiness.check_vocabularies): where it runs, so
+        that where the drafter runs is judged before the first generation, not only at it."""
+        self._placements[""] = getattr(info, "placement", None)
+        self._check_placement()
+
     def _check_placement(self) -> None:
         """The only drafter on the verifier's CPUs (both Infos say where they run): its drafting takes the verifier's
         time, which the window policy prices under load (Telemetry.drafter_shares_cpus)."""
@@ -449,8 +455,7 @@ class Generations:
                     # its forward time by tokens fed, measured at its start: the cost of windows not sent yet
                     profile = getattr(self._info, "forward_seconds", ())
                     self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
-                    self._placements[""] = getattr(self._info, "placement", None)
-                    self._check_placement()
+                    self.verifier_placement(self._info)
                     break
                 except EdgespecError as error:
                     self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s",

@@ -260,8 +260,8 @@ async def main(config: CoordinatorConfig) -> None:
     servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics,
                                    free_drafter)
     # logs a tokenizer mismatch; each drafter's measured cost goes to the window policy's first rounds
-    watchers.append(asyncio.ensure_future(check_vocabularies(endpoints, drafters,
-                                                             servicer.generations.drafter_info)))
+    watchers.append(asyncio.ensure_future(check_vocabularies(endpoints, drafters, servicer.generations.drafter_info,
+                                                             servicer.generations.verifier_placement)))
     credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)

@@ -49,7 +49,7 @@ async def follow_verifier_health(health, names: Sequence[str], pool: VerifierPoo
 
 # ---- Do the drafters speak the verifier's tokens? ------------------------------------------------------------------
 
-VOCAB_CHECK_RETRY_SECONDS = (1.0, 30.0)   # first and largest wait between Info attempts (doubling)
+VOCAB_CHECK_RETRY_SECONDS = (1.0, 5.0)    # first and largest wait between Info attempts (doubling)
 
 
 def vocabulary_mismatch(verifier, drafter, drafter_name: str = "draft") -> list[str]:
@@ -76,10 +76,11 @@ def vocabulary_mismatch(verifier, drafter, drafter_name: str = "draft") -> list[
 
 
 async def check_vocabularies(verifiers: dict, drafters: dict,
-                             on_drafter_info: Callable[[str, object], None] | None = None) -> list[str]:
+                             on_drafter_info: Callable[[str, object], None] | None = None,
+                             on_verifier_info: Callable[[object], None] | None = None) -> list[str]:
     """Once a verifier and each drafter answer Info, log an error for every drafter whose token space is not
-    the verifier's (vocabulary_mismatch), and hand each drafter's Info to ``on_drafter_info`` (name, Info): its
-    measured cost. Peers that are not up yet are asked again, backing off; runs until every drafter has answered
+    the verifier's (vocabulary_mismatch), hand the verifier's Info to ``on_verifier_info`` (where it runs) and
+    each drafter's to ``on_drafter_info`` (name, Info): its measured cost and where it runs. Peers that are not up yet are asked again, backing off; runs until every drafter has answered
     (or it is cancelled). Returns the problems found."""
 
     wait, found = VOCAB_CHECK_RETRY_SECONDS[0], []
@@ -90,6 +91,8 @@ async def check_vocabularies(verifiers: dict, drafters: dict,
             for endpoint in verifiers.values():
                 try:
                     verifier_info = await endpoint.info()
+                    if on_verifier_info is not None:
+                        on_verifier_info(verifier_info)
                     break
                 except Exception as error:    # down or refusing: ask again later
                     log.debug("vocabulary check: verifier %s: %s", endpoint.address, error)

@@ -243,15 +243,23 @@ def test_verifier_and_drafter_say_where_they_run_and_the_coordinator_sees_them_s
         assert info.placement.host == socket.gethostname()
         assert list(info.placement.cpus) == sorted(os.sched_getaffinity(0))
     collect(cluster.coordinator.address, PROMPTS[0], 4, -1)   # the coordinator reads the verifier's Info
-    assert "the drafter shares CPUs with the verifier" in logged(cluster.coordinator.log_path, "the drafter ")
+    assert PLACED[0] in placement_line(cluster.coordinator.log_path)
 
 
-def logged(path, text, seconds=60):
-    """The log once it holds ``text`` (the coordinator asks the drafter's Info in the background), or as it is."""
+PLACED = ("the drafter shares CPUs with the verifier", "the drafter runs on other CPUs than the verifier")
+
+
+def placement_line(path, seconds=150):
+    """The coordinator's line on where the drafter runs, once its log holds one (it asks the verifier's and the
+    drafter's Info in the background, backing off while either is not up); fails with the log's Info lines."""
     deadline = time.monotonic() + seconds
-    while text not in path.read_text() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        lines = [line for line in path.read_text().splitlines() if any(p in line for p in PLACED)]
+        if lines:
+            return "\n".join(lines)
         time.sleep(0.2)
-    return path.read_text()
+    pytest.fail("no placement line in the coordinator's log after %d s; its lines on Info and the drafter:\n%s" % (
+        seconds, "\n".join(line for line in path.read_text().splitlines() if "drafter" in line or "Info" in line)))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin the services apart")
@@ -261,9 +269,9 @@ def test_a_drafter_pinned_to_other_cpus_than_the_verifier_is_seen_apart(tmp_path
                       coordinator_args=["--tokenizer", "bytes"], verifier_cpus=str(cpus[-1]),
                       edge_cpus=str(cpus[0])) as running:
         chunks, _ = collect(running.coordinator.address, PROMPTS[0], 8, -1)
-        log = logged(running.coordinator.log_path, "the drafter ")
+        placed = placement_line(running.coordinator.log_path)
     assert [t for c in chunks for t in c.token_ids] == target_only_greedy("tiny:7", list(PROMPTS[0].encode()), 8)
-    assert "the drafter runs on other CPUs than the verifier" in log and "shares CPUs" not in log
+    assert placed.endswith(PLACED[1] + ": drafting takes no verifier time") and PLACED[0] not in placed
 
 
 def test_cli_generate_streams_text_and_stats(cluster):
