@@ -66,6 +66,14 @@ class Service:
             return ""
 
 
+def service_path(python: str | None) -> str:
+    """A service's PYTHONPATH: this checkout, then this process's own PYTHONPATH when the service runs on this
+    interpreter (packages installed aside, as on a GPU host without a registry); another interpreter (the vLLM
+    environment's) gets the checkout alone, not this environment's paths."""
+    extra = os.environ.get("PYTHONPATH", "") if python is None else ""
+    return os.pathsep.join([str(REPO_ROOT), *filter(None, extra.split(os.pathsep))])
+
+
 def start_service(module: str, args: list[str], log_dir: Path, name: str, timeout_seconds: float = 600,
                   env: dict[str, str] | None = None, port: int = 0, cpus: str | None = None,
                   python: str | None = None) -> Service:
@@ -82,7 +90,7 @@ def start_service(module: str, args: list[str], log_dir: Path, name: str, timeou
     pin = ["taskset", "-c", cpus] if cpus else []
     process = subprocess.Popen([*pin, python or sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args],
                                stdout=sink, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+                               env={**os.environ, "PYTHONPATH": service_path(python), **(env or {})})
     sink.close()
     service = Service(name, process, log_path)
     deadline = time.monotonic() + timeout_seconds
