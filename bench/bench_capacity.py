@@ -50,8 +50,10 @@ import shlex
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import grpc
 
@@ -601,14 +603,22 @@ def verifier_batch(args: list[str]) -> dict:
             "wait_fraction": batch.wait_fraction}
 
 
-def pin_devices(config: argparse.Namespace) -> str | None:
-    """The verifier's taskset CPU list (None: unpinned); this process, the devices, moves off those cores."""
+@contextmanager
+def pinned_devices(config: argparse.Namespace) -> Iterator[str | None]:
+    """The verifier's taskset CPU list (None: unpinned); while it is in use this process, the devices, moves off
+    those cores, and back afterwards: a caller in the same process (the tests) keeps its CPUs. Left pinned, the
+    test process and every service it started later ran on one core, and a test that pins services apart found
+    a single CPU to pin them to."""
     pin = None if config.verifier_cpus == "none" else config.verifier_cpus
-    if pin and hasattr(os, "sched_setaffinity"):
-        others = set(range(os.cpu_count() or 1)) - {int(c) for c in pin.split(",") if c.isdigit()}
-        if others:
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else None
+    others = (before or set()) - {int(c) for c in (pin or "").split(",") if c.isdigit()}
+    try:
+        if pin and before is not None and others:
             os.sched_setaffinity(0, others)
-    return pin
+        yield pin
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -640,12 +650,12 @@ def main(argv: list[str] | None = None) -> int:
     keys = [reference_key(config.model, shlex.join(verifier_args), config.tokens, prompt) for prompt in prompts]
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-capacity-"))
     print(f"verifier logs: {log_dir}", flush=True)
-    pin = pin_devices(config)
     python = None
     if config.backend == "vllm":
         from bench.vllm_jobs import VLLM_PYTHON
         python = str(VLLM_PYTHON)
-    with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin, python=python) as (service, metrics_url):
+    with pinned_devices(config) as pin, \
+            running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin, python=python) as (service, metrics_url):
         print(f"verifier {service.address} (cpus {pin or 'all'}), batch sizes from {BATCH_METRIC} at {metrics_url}",
               flush=True)
         rows, draft_seconds, prompt_info = asyncio.run(measure(service, metrics_url, config, prompts, keys))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.bench_capacity import (MAX_K, add_device_flags, check_device_flags, draft_seconds_per_token, ensure_drafts,
-                                  pin_devices, report_mismatches, run_sessions, verifier_command)
+                                  pinned_devices, report_mismatches, run_sessions, verifier_command)
 from bench.bench_load import ensure_references, reference_key, running_verifier
 from bench.prompt_set import PROMPT_SET
 from bench.report import progress
@@ -210,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     keys = {c: [reference_key(config.model, shlex.join(verifier_args), config.tokens, p) for p in prompts[c]]
             for c in prompts}
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="edgespec-bench-regimes-"))
-    pin = pin_devices(config)
     print(f"verifier logs: {log_dir}", flush=True)
-    with running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
+    with pinned_devices(config) as pin, \
+            running_verifier(verifier_args, log_dir, "verifier", True, cpus=pin) as (service, metrics_url):
         rows, draft_seconds = asyncio.run(measure(service, metrics_url, config, config.phases, prompts, keys))
     summary = summarize_trace(rows, config.phases, config.modes)
     table = markdown(rows, config.phases, config.modes, summary)

@@ -1,6 +1,7 @@
 """`edgespec bench capacity` end to end with SmolLM2 in llama.cpp as target and draft: a real verifier process,
 emulated edge devices proposing the draft model's recorded choices, over a real delay proxy."""
 import json
+import os
 
 import pytest
 
@@ -18,8 +19,10 @@ ROW_KEYS = {"mode", "sessions", "rtt_ms", "backend", "tokens_per_second", "tpot_
 
 def run(tmp_path, *args):
     out = tmp_path / "capacity.json"
+    cpus = os.sched_getaffinity(0)
     code = bench_capacity.main([*SMALL, "--references", str(tmp_path / "refs.json"), "--drafts",
                                 str(tmp_path / "drafts.json"), "--json", str(out), *args])
+    assert os.sched_getaffinity(0) == cpus   # it moves off the verifier's CPUs while it runs, and back
     return code, json.loads(out.read_text()) if out.exists() else None
 
 
