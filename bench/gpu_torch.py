@@ -204,11 +204,10 @@ def serve(model_dir: str, device: str, dtype: str, prompts: list[tuple[str, str]
 
 
 def summary(rows: list[dict]) -> dict:
-    import math
+    from bench.spec_bench import geomean as spec_geomean
 
-    def geomean(values):
-        values = [v for v in values if v == v and v > 0]
-        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+    def geomean(values):   # a prompt whose decode rate is unmeasured (one token) is left out
+        return spec_geomean([v for v in values if v == v and v > 0])
 
     names = ["edgespec-w0", "edgespec", "hf", "hf-prompt-lookup"]
     out = {}
