@@ -24,14 +24,15 @@ import time
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import REPO_ROOT, LocalCluster, start_service
+from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_policy
 from bench.report import percentile, progress
-from bench.wan import LinkProfile, grpc_health_rtt_ms
+from harness.link import LinkProfile, grpc_health_rtt_ms
+from edgespec.control import policies
 
 FIXED = (1, 2, 3, 4)
-ADAPTIVE = ("goodput", "heuristic", "awc")
+ADAPTIVE = tuple(policies.ADAPTIVE)   # the adaptive window policies (goodput first), each by one coordinator
 
 
 async def _one(address: str, prompt: str, max_new: int, window: int, chat: bool):

@@ -25,11 +25,11 @@ from typing import AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from opentelemetry import trace
 
-from edgespec.control.awc import AwcWindow
 from edgespec.control.categories import resolve_task
 from edgespec.control.router import Router, SessionRouting, request_features
 from edgespec.control.telemetry import Telemetry
-from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow, WindowPolicy
+from edgespec.control.policies import ADAPTIVE, window_policy
+from edgespec.control.window import WindowPolicy
 from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
 from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
 from edgespec.loop.failover import FailoverVerifier
@@ -47,7 +47,7 @@ from edgespec.verify.sampling import SamplingParams, as_float32, check_params
 
 log = logging.getLogger(__name__)
 
-AUTO_POLICIES = ("goodput", "heuristic", "awc")
+AUTO_POLICIES = tuple(ADAPTIVE)   # the adaptive window policies a coordinator may run (edgespec.control.policies)
 ON_VERIFIER_LOSS = ("fail", "draft-only")
 
 
@@ -404,14 +404,8 @@ class Generations:
         return f"fixed {window}" if window >= 0 else self.config.auto_policy
 
     def _policy(self, window: int, telemetry: Telemetry) -> WindowPolicy:
-        max_k = self.config.auto_max_window
-        if window >= 0:
-            return FixedWindow(window)
-        if self.config.auto_policy == "awc":     # reads the telemetry the round loop records
-            return AwcWindow(telemetry, max_k=max_k, k=min(2, max_k))
-        if self.config.auto_policy == "heuristic":
-            return HeuristicWindow(k=min(2, max_k), max_k=max_k)
-        return GoodputWindow(telemetry, max_k=max_k)
+        name = f"fixed:{window}" if window >= 0 else self.config.auto_policy
+        return window_policy(name, telemetry, self.config.auto_max_window)
 
     def drafter_info(self, name: str, info: object) -> None:
         """A drafter's Info (services/coordinator/readiness.py asks each once): its measured cost per drafted token,

@@ -99,8 +99,9 @@ async def _draft_ahead(rounds: Rounds, window: Window) -> _InFlight | None:
     round_ = rounds.start_round(optimistic=True)
     with in_round(round_):
         drafted = await rounds.draft(k_next + 1, window.draft)   # the bonus guess, then window w+1
-        if drafted is None or drafted[0][0] in session.eos_ids:
-            end_round(round_, "not sent: the drafter is down" if drafted is None else "not sent: EOS guessed")
+        if drafted is None or not drafted[0] or drafted[0][0] in session.eos_ids:
+            end_round(round_, "not sent: the drafter is down" if drafted is None else
+                      "not sent: nothing drafted" if not drafted[0] else "not sent: EOS guessed")
             return None
         tokens, q, _ = drafted
         follow = rounds.window(window.base_position + k + 1, tokens[1:], q[1:] if q else None, parent=tokens[0])

@@ -35,10 +35,9 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.control.awc import AwcWindow, load_model
-from edgespec.sim.model import CostProfile, DeviceSpec, LinkModel, Simulation, position_alphas
+from edgespec.control.policies import window_policy
 from edgespec.control.telemetry import Telemetry
-from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
+from edgespec.sim.model import CostProfile, DeviceSpec, LinkModel, Simulation, position_alphas
 
 PROFILES = Path(__file__).with_name("profiles.json")
 DEFAULT_POLICIES = ["fixed:0", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:6", "heuristic", "goodput", "awc"]
@@ -51,18 +50,10 @@ def load_profile(spec: str | dict) -> CostProfile:
 
 
 def policy_factory(name: str, max_k: int) -> Callable[[Telemetry], object]:
-    """'fixed:K' | 'heuristic' | 'goodput' | 'awc' -> telemetry -> a fresh policy (the real classes)."""
-    kind, _, arg = name.partition(":")
-    if kind == "fixed":
-        return lambda telemetry: FixedWindow(int(arg))
-    if kind == "heuristic":
-        return lambda telemetry: HeuristicWindow(k=2, min_k=1, max_k=max_k)
-    if kind == "goodput":
-        return lambda telemetry: GoodputWindow(telemetry, max_k=max_k)
-    if kind == "awc":
-        model = load_model(arg) if arg else load_model()
-        return lambda telemetry: AwcWindow(telemetry, model, max_k=max_k)
-    raise ValueError(f"unknown policy {name!r}: use fixed:K, heuristic, goodput or awc")
+    """'fixed:K' | 'heuristic' | 'goodput' | 'awc[:PATH]' -> telemetry -> a fresh policy (the registry's,
+    edgespec.control.policies: the classes the coordinator runs). ValueError for an unknown name, at once."""
+    window_policy(name, Telemetry(max_k=max_k), max_k)   # a bad name, or AWC weights that do not load, fail here
+    return lambda telemetry: window_policy(name, telemetry, max_k)
 
 
 def _uniform(rng: random.Random, value, scale: float = 1.0) -> float:

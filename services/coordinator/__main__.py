@@ -8,7 +8,7 @@ import argparse
 import logging
 from dataclasses import dataclass
 
-from edgespec.loop.generation import GenerationConfig
+from edgespec.loop.generation import AUTO_POLICIES, GenerationConfig
 from edgespec.observe import logs
 from edgespec.net import rpc
 from edgespec.net.security import ServerSecurity
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--auto-max-window", type=int, default=4,
                         help="largest k the auto policy considers (default %(default)s)")
     parser.add_argument("--auto-policy", default="goodput",
-                        choices=["goodput", "heuristic", "awc"],
+                        choices=AUTO_POLICIES,
                         help="the auto window policy: goodput (expected tokens/s from measured costs), heuristic "
                              "(+2 after a fully accepted window, -1 otherwise) or awc (the learned adaptive window "
                              "control: an MLP over RTT, acceptance, queue and cost telemetry, smoothed and held by "

@@ -101,13 +101,22 @@ class GrpcVerifier:
         self.forget(session_id)
         await self._call(self._stub.OpenSession, verifier_pb2.OpenSessionRequest(
             session_id=session_id, tokens=tokens, sampling=params_to_pb(params)))
+        # The session's verify stream opens now, not with its first window: the verifier counts open streams as
+        # sessions about to send a window and waits for them to share a forward (edgespec.engines.batching).
+        # Opened at the first window, sessions that start together were split: the first window found one stream
+        # open and went alone, and the cohorts lasted (measured: 1.6 windows per forward for 4 users, not 2.9).
+        self._stream(session_id)
 
-    async def verify(self, session_id: str, window: Window) -> Verdict | None:
+    def _stream(self, session_id: str) -> "_VerdictStream":
         stream = self._streams.get(session_id)
         if stream is None or stream.error is not None:
             # The stream's metadata carries the request id; each window carries its own round's trace context.
             stream = self._streams[session_id] = _VerdictStream(self._stub.VerifyStream(metadata=request_metadata()),
                                                                 self.address)
+        return stream
+
+    async def verify(self, session_id: str, window: Window) -> Verdict | None:
+        stream = self._stream(session_id)
         message = window_to_pb(session_id, window)
         tracing.inject(message.trace_context)
         reply = await stream.send(message, self._deadline)

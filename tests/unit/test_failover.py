@@ -261,6 +261,31 @@ def test_pipelining_at_the_largest_window_generates():
     assert log.stats.optimistic_windows > 0
 
 
+def test_a_look_ahead_the_drafter_proposes_nothing_for_is_not_sent():
+    """A drafter may return no tokens (a replayed or free drafter with nothing to propose): the pipelined loop
+    sends no look-ahead then and goes on (it indexed the empty draft's first token and failed)."""
+    target = "tiny:5"
+
+    class Silent(InProcessDrafter):
+        async def draft(self, session_id, base_position, append, k):
+            tokens, q = await super().draft(session_id, base_position, append, k)
+            return (([], None) if base_position > self.committed_at else (tokens, q))
+
+    engine = VerifierEngine(tiny(target), [TINY_EOS])
+    port, drafter = InProcessVerifier(engine), Silent(DrafterEngine(tiny(target)))
+    log = SessionLog(PROMPT, 24, frozenset({TINY_EOS}))
+
+    async def go():
+        await port.open("s", PROMPT, SamplingParams())
+        async for _ in speculate(log, "s", drafter, port, FixedWindow(2), pipeline=True):
+            drafter.committed_at = log.position
+
+    drafter.committed_at = len(PROMPT)
+    asyncio.run(go())
+    assert log.generated == target_only_greedy(target, PROMPT, 24)
+    assert log.stats.optimistic_windows == 0 and log.stats.accepted > 0   # windows drafted, look-aheads not
+
+
 class SlowStream(InProcessVerifier):
     """Verdicts take a while; like a gRPC stream, a window whose session was closed under it fails
     with UNAVAILABLE ("stream cancelled") when its verdict would have come."""
