@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import REPO_ROOT, LocalCluster, start_service
+from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from edgespec.engines.self_draft import SelfDraftConfig
 from bench.report import track

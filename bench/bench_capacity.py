@@ -3,13 +3,14 @@
     edgespec bench capacity --sessions 1,4,16 --rtt 0,50 --json bench-results/capacity.json --plot capacity.png
 
 One verifier (its own process, pinned to --verifier-cpus) serves N concurrent sessions. Each session is an
-emulated edge device: its drafter returns the real draft model's proposals for the session's prefix,
+emulated edge device running the coordinator's round loop (edgespec.loop.speculate, blocking or pipelined,
+through bench.devices, with the coordinator's own verifier client): only its drafter is emulated. It returns the real draft model's proposals for the session's prefix,
 recorded once per prompt by running the draft model over the target's own greedy output (one pass gives the
 draft's greedy choice after every prefix; a window of k from position p is those choices at p..p+k-1, which
 the verifier accepts exactly as far as it would accept the draft's own greedy chain, because the chain agrees
 with the reference up to its first miss), and it answers after k times the draft model's measured seconds
 per token on one core (--draft-ms overrides). Between the devices and the verifier sits an emulated link
-(bench.wan's DelayProxy: real sockets, RTT added) when --rtt is not 0. The target's greedy output comes from
+(harness.link's DelayProxy: real sockets, RTT added) when --rtt is not 0. The target's greedy output comes from
 the verifier itself, one session at a time with empty windows, and is cached in --references.
 
 Modes, all on the same verifier in one run, interleaved per N so that drift on a shared machine hits them
@@ -21,7 +22,7 @@ alike:
           charges a window for the other sessions' windows it slows in a shared forward (load-aware)
   auto-blind  the same policy without the verdicts' batch reports: what it chose before it knew the load
   awc     the learned window controller (AwcWindow)
-  pipe=K  edge drafting with a fixed window of K, pipelined as the coordinator's --pipeline on does it: while a
+  pipe=K  edge drafting with a fixed window of K in the coordinator's pipelined loop (--pipeline on): while a
           window is in flight the device drafts the bonus guess and the next window assuming a full accept
           (only what fits in the window's measured round trip) and sends it at once as an optimistic window;
           if the verdict agrees it is already verified or on its way, else the verifier discards it unscored
@@ -51,38 +52,19 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-import grpc
-
-from bench.bench_load import (BATCH_METRIC, batch_sizes, ensure_references, first_difference, open_session,
-                              ordered_prompts, reference_key, running_verifier, scrape_batch_histogram,
-                              unknown_flags, verifier_help)
+from bench.bench_load import (BATCH_METRIC, batch_sizes, ensure_references, first_difference, ordered_prompts,
+                              reference_key, running_verifier, scrape_batch_histogram, unknown_flags, verifier_help)
+from bench.devices import RUN_FAILURES, Device, DeviceRun, failure, verifier_info
 from bench.report import percentile, progress
-from bench.wan import DelayProxy, LinkProfile
-from edgespec.control.awc import AwcWindow
-from edgespec.control.sample import RoundSample
+from harness.link import DelayProxy, LinkProfile
 from edgespec.control.telemetry import Telemetry
-from edgespec.control.window import FixedWindow, GoodputWindow
-from edgespec.net.transport import open_channel
-from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
+from edgespec.control.policies import window_policy
+from edgespec.loop.session import RoundStats
 
 MAX_K = 8   # the largest fixed window and the auto policy's largest
-
-
-@dataclass(slots=True)
-class SessionRun:
-    """What one emulated edge device saw while decoding."""
-    generated: list[int] = field(default_factory=list)
-    seconds: float = 0.0                               # first window drafted to last verdict
-    windows: list[int] = field(default_factory=list)   # k per round
-    accepted: int = 0
-    compute_seconds: list[float] = field(default_factory=list)   # the verifier's forward time per round
-    lookaheads: int = 0    # pipe=K: optimistic windows sent
-    lookahead_hits: int = 0   # of those, whose assumption held (verified, not discarded)
-    forwards: set = field(default_factory=set)   # (windows, tokens, seconds) of each forward its windows rode in
 
 
 def parse_mode(mode: str) -> int | None:
@@ -100,14 +82,14 @@ def parse_mode(mode: str) -> int | None:
 
 
 def policy_for(mode: str, costs: Telemetry):
-    """The window policy of ``mode``; auto starts from ``costs`` (what earlier sessions measured), as the
-    coordinator's sessions do (edgespec.loop.generation: Telemetry.start_from)."""
+    """The window policy of ``mode`` (edgespec.control.policies); the adaptive ones start from ``costs`` (what
+    earlier sessions measured), as the coordinator's sessions do (edgespec.loop.generation: Telemetry.start_from)."""
     k = parse_mode(mode)
     if k is not None:
-        return FixedWindow(k)
+        return window_policy(f"fixed:{k}", costs, MAX_K)
     telemetry = Telemetry(max_k=MAX_K)
     telemetry.start_from(costs)
-    return AwcWindow(telemetry, max_k=MAX_K) if mode == "awc" else GoodputWindow(telemetry, max_k=MAX_K)
+    return window_policy("awc" if mode == "awc" else "goodput", telemetry, MAX_K)
 
 
 def draft_choices(lm, prompt: list[int], reference: list[int]) -> list[int]:
@@ -156,144 +138,6 @@ def ensure_drafts(cache_path: Path, draft: str, threads: int, prompts: list[list
     return [cache[key] for key in keys]
 
 
-async def decode(stub, session_id: str, base: int, reference: list[int], eos: frozenset[int], choices: list[int],
-                 mode: str, draft_seconds: float, costs: Telemetry) -> SessionRun:
-    """One device: choose a window, draft it (sleeping the draft time), verify it, commit, until the reference's
-    length. Once the output departs from the reference (llama.cpp's numerics differ between batch shapes; counted
-    as a mismatch) the session goes on target-only: the recorded choices are the draft model's along the
-    reference only, and proposals no drafter would make would be rejected and make it straggle."""
-    length, departed = len(reference), False
-    run, policy = SessionRun(), policy_for(mode, costs)
-    telemetry = getattr(policy, "telemetry", None)   # the adaptive policies' own, recorded before they observe
-    call = stub.VerifyStream()
-    began = time.perf_counter()
-    while len(run.generated) < length and not (run.generated and run.generated[-1] in eos):
-        position = len(run.generated)
-        k = 0 if departed else min(policy.choose(), length - position - 1)
-        drafted = time.perf_counter()
-        tokens = choices[position:position + k]
-        if k:
-            await asyncio.sleep(k * draft_seconds)
-        sent = time.perf_counter()
-        await call.write(verifier_pb2.Window(session_id=session_id, window_seq=len(run.windows),
-                                             base_position=base + position, draft_tokens=tokens))
-        verdict = await call.read()
-        if verdict is grpc.aio.EOF:
-            raise RuntimeError(f"session {session_id}: the verifier ended the stream without a verdict")
-        done = time.perf_counter()
-        run.windows.append(k)
-        run.accepted += verdict.accepted
-        run.compute_seconds.append(verdict.verify_compute_seconds)
-        if verdict.batch_windows:
-            run.forwards.add((verdict.batch_windows, verdict.batch_tokens, verdict.verify_compute_seconds))
-        run.generated += [*tokens[:verdict.accepted], verdict.next_token]
-        departed = departed or run.generated != reference[:len(run.generated)]
-        blind = mode == "auto-blind"   # the policy without the verdicts' batch reports: load-unaware
-        sample = RoundSample(k, verdict.accepted, sent - drafted, done - sent, verdict.verify_compute_seconds,
-                             verdict.queue_depth, "cloud", batch_windows=0 if blind else verdict.batch_windows,
-                             batch_tokens=0 if blind else verdict.batch_tokens)
-        if telemetry is not None:
-            telemetry.record(sample)
-        policy.observe(sample)
-    run.seconds = time.perf_counter() - began
-    if telemetry is not None and telemetry.rounds:
-        costs.absorb(telemetry)
-    await call.done_writing()
-    await call.code()
-    return run
-
-
-@dataclass(slots=True)
-class _Sent:
-    position: int                 # where the window starts (committed tokens before it)
-    tokens: list[int]
-    parent: int | None            # optimistic: the assumed token at position - 1
-    sent: float
-
-
-async def decode_pipelined(stub, session_id: str, base: int, reference: list[int], eos: frozenset[int],
-                           choices: list[int], k: int, draft_seconds: float) -> SessionRun:
-    """pipe=K: one device running edgespec.loop.pipelining's loop with a fixed window K. While window w (at
-    position p, K tokens) is in flight it drafts K' + 1 more tokens (K' = K, less if only fewer fit in w's
-    measured round trip, as the real loop bounds it) assuming w fully accepted: the guess of the bonus token
-    (the draft's choice at p + K) and window w + 1 after it, sent at once as an optimistic window whose parent
-    is the guess. If w's verdict accepts all K and its next token is the guess, w + 1 is already verified or on
-    its way and becomes the current window; else the verifier discards w + 1 without scoring it and the device
-    drafts again from the committed position. The recorded choices are exact for a look-ahead that holds: its
-    assumed prefix is the reference."""
-    length, departed = len(reference), False
-    run, call, sent_seq = SessionRun(), stub.VerifyStream(), 0
-    unread: list[_Sent] = []          # windows sent whose verdicts are still to be read, in order
-    round_trip = None                 # EMA of a committed window's send -> verdict seconds
-
-    async def send(position: int, tokens: list[int], parent: int | None = None) -> _Sent:
-        nonlocal sent_seq
-        await call.write(verifier_pb2.Window(session_id=session_id, window_seq=sent_seq,
-                                             base_position=base + position, draft_tokens=tokens,
-                                             optimistic=parent is not None, parent_token=parent or 0))
-        sent_seq += 1
-        window = _Sent(position, tokens, parent, time.perf_counter())
-        unread.append(window)
-        return window
-
-    async def verdict_of(window: _Sent):
-        while True:
-            verdict = await call.read()
-            if verdict is grpc.aio.EOF:
-                raise RuntimeError(f"session {session_id}: the verifier ended the stream without a verdict")
-            if unread.pop(0) is window:
-                return verdict
-            # a dropped look-ahead's verdict (discarded): nothing to do
-
-    began = time.perf_counter()
-    current: _Sent | None = None
-    while len(run.generated) < length and not (run.generated and run.generated[-1] in eos):
-        if current is None:
-            position = len(run.generated)
-            size = 0 if departed else min(k, length - position - 1)
-            if size:
-                await asyncio.sleep(size * draft_seconds)
-            current = await send(position, choices[position:position + size])
-        follow, size = None, len(current.tokens)
-        after = current.position + size + 1         # committed length if current is fully accepted
-        ahead = min(k, length - after - 1)
-        if round_trip is not None:
-            ahead = min(ahead, int(round_trip / draft_seconds) - 1) if draft_seconds else ahead
-        if size and not departed and ahead >= 1 and not any(t in eos for t in current.tokens):
-            await asyncio.sleep((ahead + 1) * draft_seconds)
-            guess = choices[after - 1]
-            if guess not in eos:
-                follow = await send(after, choices[after:after + ahead], parent=guess)
-                run.lookaheads += 1
-        verdict = await verdict_of(current)
-        done = time.perf_counter()
-        if verdict.discarded:      # cannot happen for a look-ahead that was kept; fail loudly if it does
-            raise RuntimeError(f"session {session_id}: a look-ahead kept as current was discarded")
-        round_trip = done - current.sent if round_trip is None else 0.7 * round_trip + 0.3 * (done - current.sent)
-        run.windows.append(size)
-        run.accepted += verdict.accepted
-        run.compute_seconds.append(verdict.verify_compute_seconds)
-        if verdict.batch_windows:
-            run.forwards.add((verdict.batch_windows, verdict.batch_tokens, verdict.verify_compute_seconds))
-        run.generated += [*current.tokens[:verdict.accepted], verdict.next_token]
-        departed = departed or run.generated != reference[:len(run.generated)]
-        if follow is not None and verdict.accepted == size and verdict.next_token == follow.parent:
-            # Its assumption holds at the verifier, which verifies it (even if the output just departed from
-            # the reference: the device must follow what the verifier commits).
-            run.lookahead_hits += 1
-            current = follow
-        else:
-            current = None          # follow (if any) is discarded by the verifier; verdict_of skips its verdict
-    run.seconds = time.perf_counter() - began
-    await call.done_writing()
-    while unread:                   # the verdicts of look-aheads sent past the end
-        if await call.read() is grpc.aio.EOF:
-            break
-        unread.pop(0)
-    await call.code()
-    return run
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far, from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -302,39 +146,50 @@ def cpu_seconds(pid: int) -> float:
 
 async def run_sessions(address: str, prompts: list[list[int]], references: list[list[int]],
                        choices: list[list[int]], n: int, mode: str, draft_seconds: float, costs: Telemetry,
-                       eos: frozenset[int], label: str, pid: int, metrics_url: str | None) -> dict:
-    """N devices at once, prompts round-robin: open all, decode all (timed), close all; one summary row."""
-    channels = [open_channel(address) for _ in range(n)]
+                       eos: frozenset[int], label: str, pid: int, metrics_url: str | None,
+                       deadline_seconds: float = 900) -> dict:
+    """N devices at once, prompts round-robin: open all, decode all (timed), close all; one summary row.
+
+    Each device runs the shipped round loop (bench.devices): the mode's window policy, blocking or pipelined
+    (pipe=K), its drafter proposing the draft model's recorded choices after k times ``draft_seconds``. The
+    adaptive policies start from ``costs`` (what earlier sessions measured) and add what they measure to it."""
+    picks = [i % len(prompts) for i in range(n)]
+    devices = [Device(address, f"{label}-{i}", prompts[p], len(references[p]), eos, deadline_seconds)
+               for i, p in enumerate(picks)]
     try:
-        stubs = [verifier_pb2_grpc.VerifierStub(channel) for channel in channels]
-        ids = [f"{label}-{i}" for i in range(n)]
-        picks = [i % len(prompts) for i in range(n)]
-        await asyncio.gather(*(open_session(stubs[i], ids[i], prompts[picks[i]]) for i in range(n)))
+        await asyncio.gather(*(device.open() for device in devices))
         before, cpu_before = scrape_batch_histogram(metrics_url), cpu_seconds(pid)
         began = time.perf_counter()
-        if mode.startswith("pipe="):
-            devices = [decode_pipelined(stubs[i], ids[i], len(prompts[picks[i]]), references[picks[i]], eos,
-                                        choices[picks[i]], parse_mode(mode), draft_seconds) for i in range(n)]
-        else:
-            devices = [decode(stubs[i], ids[i], len(prompts[picks[i]]), references[picks[i]], eos, choices[picks[i]],
-                              mode, draft_seconds, costs) for i in range(n)]
-        sessions = await asyncio.gather(*devices)
+        sessions = await asyncio.gather(*(decode(device, references[p], choices[p], mode, draft_seconds, costs)
+                                          for device, p in zip(devices, picks)))
         wall = time.perf_counter() - began
         cpu, after = cpu_seconds(pid) - cpu_before, scrape_batch_histogram(metrics_url)
-        await asyncio.gather(*(stubs[i].CloseSession(verifier_pb2.CloseSessionRequest(session_id=ids[i]))
-                               for i in range(n)))
     finally:
-        await asyncio.gather(*(channel.close() for channel in channels))
+        await asyncio.gather(*(device.close() for device in devices), return_exceptions=True)
     return summarize(mode, n, list(sessions), [references[p] for p in picks], wall, cpu, batch_sizes(before, after))
 
 
-def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[list[int]], wall: float,
+async def decode(device: Device, reference: list[int], choices: list[int], mode: str, draft_seconds: float,
+                 costs: Telemetry) -> DeviceRun:
+    """One device in ``mode``. Once its output departs from the reference (llama.cpp's numerics differ between
+    batch shapes; counted as a mismatch) it goes on target-only (bench.devices.ReplayDrafter)."""
+    policy = policy_for(mode, costs)
+    telemetry = getattr(policy, "telemetry", None)   # the adaptive policies' own
+    run = await device.decode(lambda position, k: choices[position:position + k], draft_seconds, policy,
+                              reference=reference, telemetry=telemetry, pipeline=mode.startswith("pipe="),
+                              blind=mode == "auto-blind")
+    if telemetry is not None and telemetry.rounds:
+        costs.absorb(telemetry)
+    return run
+
+
+def summarize(mode: str, n: int, sessions: list[DeviceRun], references: list[list[int]], wall: float,
               cpu: float, batch: dict | None) -> dict:
     tokens = sum(len(s.generated) for s in sessions)
-    rounds = sum(len(s.windows) for s in sessions)
-    drafted, accepted = sum(sum(s.windows) for s in sessions), sum(s.accepted for s in sessions)
+    rounds = sum(len(s.samples) for s in sessions)
+    stats = RoundStats.merged(s.stats for s in sessions)
     tpot = [s.seconds / len(s.generated) for s in sessions if s.generated]
-    compute = [c for s in sessions for c in s.compute_seconds]
+    compute = [r.verify_compute_seconds for s in sessions for r in s.samples]
     mismatches = []
     for i, (session, reference) in enumerate(zip(sessions, references)):
         at = first_difference(session.generated, reference)
@@ -343,8 +198,8 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
                                "want": reference[at:at + 4]})
     windows = {}
     for s in sessions:
-        for k in s.windows:
-            windows[str(k)] = windows.get(str(k), 0) + 1
+        for r in s.samples:
+            windows[str(r.k)] = windows.get(str(r.k), 0) + 1
     forwards = {}   # "windows,tokens" -> [forwards, mean ms]: the verifier's cost curve, each forward once
     for w, t, seconds in set().union(*(s.forwards for s in sessions)):
         count, mean = forwards.get(f"{w},{t}", (0, 0.0))
@@ -354,7 +209,7 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
             "tpot_p50_ms": round(1000 * percentile(tpot, 0.5), 1),
             "tpot_p99_ms": round(1000 * percentile(tpot, 0.99), 1),
             "rounds": rounds, "tokens_per_round": round(tokens / rounds, 3) if rounds else None,
-            "acceptance": round(accepted / drafted, 3) if drafted else None,
+            "acceptance": round(stats.acceptance_rate, 3) if stats.drafted else None,
             "forward_ms_mean": round(1000 * sum(compute) / len(compute), 2) if compute else None,
             "verifier_cpu_seconds_per_1k_tokens": round(1000 * cpu / tokens, 2) if tokens else None,
             "batch_windows_mean": batch["mean"] if batch else None, "windows": windows,
@@ -362,14 +217,14 @@ def summarize(mode: str, n: int, sessions: list[SessionRun], references: list[li
             "mismatches": len(mismatches), "mismatch_details": mismatches, "error": None} | lookahead_stats(sessions)
 
 
-def lookahead_stats(sessions: list[SessionRun]) -> dict:
+def lookahead_stats(sessions: list[DeviceRun]) -> dict:
     """pipe=K rows: look-aheads sent per committed round, and the share whose assumption held."""
-    sent = sum(s.lookaheads for s in sessions)
-    if not sent:
+    stats = RoundStats.merged(s.stats for s in sessions)
+    if not stats.optimistic_windows:
         return {}
-    rounds = sum(len(s.windows) for s in sessions)
-    return {"lookaheads_per_round": round(sent / rounds, 3),
-            "lookahead_hit_rate": round(sum(s.lookahead_hits for s in sessions) / sent, 3)}
+    rounds = sum(len(s.samples) for s in sessions)
+    return {"lookaheads_per_round": round(stats.optimistic_windows / rounds, 3),
+            "lookahead_hit_rate": round(stats.optimistic_hits / stats.optimistic_windows, 3)}
 
 
 def add_limits_and_ratios(rows: list[dict], draft_seconds: float) -> None:
@@ -481,12 +336,9 @@ def prompt_records(references: list[list[int]], choices: list[list[int]]) -> lis
 
 async def measure(service, metrics_url: str | None, config: argparse.Namespace, prompts: list[list[int]],
                   keys: list[str]) -> tuple[list[dict], float, list[dict]]:
-    async with open_channel(service.address) as channel:
-        stub = verifier_pb2_grpc.VerifierStub(channel)
-        info = await stub.Info(verifier_pb2.InfoRequest())
-        eos = frozenset(info.eos_token_ids)
-        references = await ensure_references(stub, config.references, keys, prompts, config.tokens, eos,
-                                              config.timeout)
+    eos = frozenset((await verifier_info(service.address)).eos_token_ids)
+    references = await ensure_references(service.address, config.references, keys, prompts, config.tokens, eos,
+                                         config.timeout)
     choices = ensure_drafts(config.drafts, config.draft, 1, prompts, references)
     draft_seconds = (config.draft_ms / 1000 if config.draft_ms is not None else
                      draft_seconds_per_token(config.draft, 1, prompts[0]))
@@ -503,18 +355,16 @@ async def measure(service, metrics_url: str | None, config: argparse.Namespace, 
                 for mode in ("ar", *(m for m in config.modes if m.startswith("auto"))):   # warm-up; auto's costs
                     await asyncio.wait_for(run_sessions(address, prompts, references, choices, 1, mode, draft_seconds,
                                                         costs[mode], eos, f"warmup-{rtt}-{mode}", service.process.pid,
-                                                        None), config.timeout)
+                                                        None, config.timeout), config.timeout)
                 for n in config.sessions:
                     for mode in config.modes:
                         try:
                             row = await asyncio.wait_for(run_sessions(
                                 address, prompts, references, choices, n, mode, draft_seconds, costs[mode], eos,
-                                f"cap-{rtt}-{n}-{mode}", service.process.pid, metrics_url), config.timeout)
-                        except (asyncio.TimeoutError, grpc.aio.AioRpcError, RuntimeError) as error:
-                            reason = (f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError) else
-                                      f"{error.code().name}: {error.details()}" if isinstance(error, grpc.aio.AioRpcError)
-                                      else str(error))
-                            row = {"mode": mode, "sessions": n, "error": reason, "mismatches": 0}
+                                f"cap-{rtt}-{n}-{mode}", service.process.pid, metrics_url, config.timeout), config.timeout)
+                        except RUN_FAILURES as error:
+                            row = {"mode": mode, "sessions": n, "error": failure(error, config.timeout),
+                                   "mismatches": 0}
                         row |= {"rtt_ms": rtt, "backend": config.backend}
                         rows.append(row)
                         if not row["error"]:

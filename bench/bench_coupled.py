@@ -26,7 +26,7 @@ log = logging.getLogger("edgespec.bench_coupled")
 
 
 def run_one(verifier, drafter, prompt: list[int], max_new: int, window: int, params, q_ids: int) -> dict:
-    from bench.inprocess import InProcessDrafter, InProcessVerifier
+    from harness.inprocess import InProcessDrafter, InProcessVerifier
     from edgespec.loop.session import SessionLog
     from edgespec.loop.speculation import speculate
     from edgespec.control.window import FixedWindow

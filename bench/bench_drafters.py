@@ -41,7 +41,7 @@ log = logging.getLogger("edgespec.bench_drafters")
 def make_references(target, draft, prompts: list[list[int]], max_new: int, eos: list[int]) -> list[list[int]]:
     """Target greedy continuations, made by speculative decoding in process (identical to target-only)."""
     from edgespec.engines.drafter import DrafterEngine
-    from bench.inprocess import InProcessDrafter, InProcessVerifier
+    from harness.inprocess import InProcessDrafter, InProcessVerifier
     from edgespec.verify.sampling import SamplingParams
     from edgespec.loop.session import SessionLog
     from edgespec.loop.speculation import speculate

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cluster import REPO_ROOT, LocalCluster
+from harness.cluster import REPO_ROOT, LocalCluster
 from bench.demo import cluster_layout
 from bench.report import track
 from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser, write

@@ -33,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.llamacpp_tools import ensure_tools
 from bench.prompts import PROMPTS
 from bench.report import percentile, progress
-from bench.wan import LinkProfile
+from harness.link import LinkProfile
 from edge_client.client import generate
+from edgespec.control.goodput import best_rate
 
 log = logging.getLogger("edgespec.bench_llamacpp")
 # The verifiers' llama.cpp context here and in the reference: llama.cpp's numerics depend on the context's
@@ -157,14 +158,13 @@ def aggregate(rows: list[dict]) -> dict:
 
 
 def ceiling(curve: dict[int, float], draft_per_step: float, alpha: float, rtt_steps: float, max_k: int = 8) -> float:
-    """Best E(k) / (k * t_draft + RTT + c(k + 1)) in target steps, drafting on other cores (blocking round)."""
-    best = 1.0 / (1.0 + rtt_steps)
-    for k in range(1, max_k + 1):
-        if k + 1 not in curve:
-            break
-        expected = sum(alpha ** i for i in range(k + 1))
-        best = max(best, expected / (k * draft_per_step + rtt_steps + curve[k + 1]))
-    return best
+    """Best E(k) / (k * t_draft + RTT + c(k + 1)) in target steps, drafting on other cores (blocking round): the
+    goodput model (edgespec.control.goodput) with acceptance ``alpha`` at every position, over the windows whose
+    pass ``curve`` measured (c(1) = 1)."""
+    top = 0
+    while top < max_k and top + 2 in curve:
+        top += 1
+    return best_rate([alpha] * top, draft_per_step, rtt_steps, lambda k: curve[k + 1], top)[1]
 
 
 def main(argv: list[str] | None = None) -> None:

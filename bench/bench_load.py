@@ -2,15 +2,16 @@
 
     edgespec bench load --sessions 1,2,4,8,16,32 --tokens 32 --json bench-results/load.json
 
-Only the verifier runs: no drafter and no coordinator, so the cores measure the
-verifier alone. Each simulated edge session drafts from a reference, the target's
+Only the verifier runs: no drafter service and no coordinator, so the cores measure
+the verifier alone. Each simulated edge session runs the coordinator's round loop
+(edgespec.loop.speculate, through bench.devices) and drafts from a reference, the target's
 greedy continuation of its prompt (made once through the verifier itself, with
 empty windows, one session at a time, and cached in --references): a window
 holds the next k reference tokens, each replaced by another id with probability
 1 - acceptance (seeded; a window's expected accepted length is then
 a + a^2 + ... + a^k, so the measured acceptance, accepted / drafted, is below a),
-and goes over a real VerifyStream as the coordinator sends it. The session commits accepted + next_token per verdict. Greedy
-verification is exact, so every session must reproduce its reference: any
+and goes over a real VerifyStream, sent by the coordinator's own client. A session whose
+output departs from its reference drafts nothing from there. Greedy verification is exact, so every session must reproduce its reference: any
 difference is a correctness failure, printed and counted (exit status 1).
 
 For each mode (verifier flags per mode; the target loads once per mode) and each
@@ -41,19 +42,18 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import grpc
-
-from edgespec.control.categories import CATEGORIES
-from bench.cluster import REPO_ROOT, Service, start_service, stop_service
-from bench.prompt_set import PROMPT_SET
+from harness.cluster import REPO_ROOT, Service, start_service, stop_service
+from bench.devices import RUN_FAILURES, Device, DeviceRun, failure, verifier_info
 from bench.plots import plot_load
+from bench.prompt_set import PROMPT_SET
 from bench.report import percentile, process_memory_mib, progress
-from edgespec.net.transport import open_channel
-from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
+from edgespec.control.categories import CATEGORIES
+from edgespec.control.window import FixedWindow
+from edgespec.loop.session import RoundStats
 
 BATCH_METRIC = "edgespec_verifier_batch_size"
 METRICS_URL = re.compile(r"metrics on (http://\S+/metrics)")
@@ -61,20 +61,9 @@ DEFAULT_MODE_ARGS = {"on": "--max-batch 32", "off": "--max-batch 1"}
 
 
 @dataclass(slots=True)
-class SessionRun:
-    """What one simulated edge session saw while decoding."""
-    generated: list[int] = field(default_factory=list)
-    seconds: float = 0.0                                      # first window sent to last verdict, seconds
-    window_seconds: list[float] = field(default_factory=list)  # per window: write to verdict, seconds
-    queue_depths: list[int] = field(default_factory=list)     # Verdict.queue_depth per window
-    drafted: int = 0
-    accepted: int = 0
-
-
-@dataclass(slots=True)
 class LoadRun:
     """N sessions decoding at once."""
-    sessions: list[SessionRun]
+    sessions: list[DeviceRun]
     references: list[list[int]]
     wall_seconds: float                 # the decode phase, all sessions
     open_seconds: float                 # opening (prefilling) all sessions, before the timed part
@@ -95,47 +84,15 @@ def propose(reference: list[int], position: int, k: int, acceptance: float, rng:
             for token in reference[position:position + k]]
 
 
-async def open_session(stub, session_id: str, prompt: list[int]) -> float:
-    began = time.perf_counter()
-    await stub.OpenSession(verifier_pb2.OpenSessionRequest(session_id=session_id, tokens=prompt))
-    return time.perf_counter() - began
-
-
-async def decode(stub, session_id: str, base: int, length: int, eos: frozenset[int],
-                 draft: Callable[[int, int], list[int]], k: int) -> SessionRun:
-    """Verify windows on one VerifyStream until ``length`` tokens or EOS are committed.
-
-    draft(position, k) gives the window at a generated position; the window never reaches the last
-    token, which comes as a verdict's next_token, so the session stops at exactly ``length``.
-    """
-    run = SessionRun()
-    call = stub.VerifyStream()
-    began = time.perf_counter()
-    while len(run.generated) < length and not (run.generated and run.generated[-1] in eos):
-        position = len(run.generated)
-        tokens = draft(position, min(k, length - position - 1))
-        sent = time.perf_counter()
-        await call.write(verifier_pb2.Window(session_id=session_id, window_seq=len(run.window_seconds),
-                                             base_position=base + position, draft_tokens=tokens))
-        verdict = await call.read()
-        if verdict is grpc.aio.EOF:
-            raise RuntimeError(f"session {session_id}: the verifier ended the stream without a verdict")
-        run.window_seconds.append(time.perf_counter() - sent)
-        run.queue_depths.append(verdict.queue_depth)
-        run.drafted, run.accepted = run.drafted + len(tokens), run.accepted + verdict.accepted
-        run.generated += [*tokens[:verdict.accepted], verdict.next_token]
-    run.seconds = time.perf_counter() - began
-    await call.done_writing()
-    await call.code()
-    return run
-
-
-async def make_reference(stub, session_id: str, prompt: list[int], length: int, eos: frozenset[int]) -> list[int]:
-    """The target's greedy continuation: empty windows, one target token each."""
-    await open_session(stub, session_id, prompt)
-    run = await decode(stub, session_id, len(prompt), length, eos, lambda position, k: [], 0)
-    await stub.CloseSession(verifier_pb2.CloseSessionRequest(session_id=session_id))
-    return run.generated
+async def make_reference(address: str, session_id: str, prompt: list[int], length: int, eos: frozenset[int],
+                         timeout: float) -> list[int]:
+    """The target's greedy continuation: target-only rounds of one token each, through the shipped loop."""
+    device = Device(address, session_id, prompt, length, eos, timeout)
+    try:
+        await device.open()
+        return (await device.decode(lambda position, k: [], 0.0, FixedWindow(0))).generated
+    finally:
+        await device.close()
 
 
 def reference_key(model: str, verifier_args: str, length: int, prompt: list[int]) -> str:
@@ -143,13 +100,15 @@ def reference_key(model: str, verifier_args: str, length: int, prompt: list[int]
     return f"{model}|{verifier_args}|{length}|{digest}"
 
 
-async def ensure_references(stub, cache_path: Path, keys: list[str], prompts: list[list[int]], length: int,
+async def ensure_references(address: str, cache_path: Path, keys: list[str], prompts: list[list[int]], length: int,
                             eos: frozenset[int], timeout: float) -> list[list[int]]:
-    """References for ``prompts`` from the cache, making (one session at a time: never batched) the missing ones."""
+    """References for ``prompts`` from the cache, making (one session at a time: never batched) the missing ones
+    on the verifier at ``address``."""
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     missing = [i for i, key in enumerate(keys) if key not in cache]
     for count, i in enumerate(missing, 1):
-        cache[keys[i]] = await asyncio.wait_for(make_reference(stub, f"reference-{i}", prompts[i], length, eos), timeout)
+        cache[keys[i]] = await asyncio.wait_for(make_reference(address, f"reference-{i}", prompts[i], length, eos,
+                                                               timeout), timeout)
         print(f"reference {count}/{len(missing)}: {len(cache[keys[i]])} tokens", flush=True)
     if missing:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,36 +158,34 @@ def batch_sizes(before: dict | None, after: dict | None) -> dict | None:
             "buckets": {f"<={le}": int(c) for le, c in zip(bounds, counts) if c}}
 
 
-def drafter_for(reference: list[int], acceptance: float, rng: random.Random,
-                vocab: int) -> Callable[[int, int], list[int]]:
-    return lambda position, k: propose(reference, position, k, acceptance, rng, vocab)
-
-
 async def run_load(address: str, prompts: list[list[int]], references: list[list[int]], n: int,
                    config: argparse.Namespace, eos: frozenset[int], vocab: int, label: str,
                    metrics_url: str | None) -> LoadRun:
-    """N sessions, prompts round-robin: open all, decode all at once (timed), close all."""
-    channels = [open_channel(address) for _ in range(n)]
+    """N sessions, prompts round-robin: open all, decode all at once (timed), close all. Each runs the shipped
+    round loop (bench.devices) with a fixed window of --window, its drafts the reference's tokens, each replaced
+    with probability 1 - --acceptance, and costing no time."""
+    picks = [i % len(prompts) for i in range(n)]
+    devices = [Device(address, f"{label}-{i}", prompts[p], len(references[p]), eos, config.timeout)
+               for i, p in enumerate(picks)]
     try:
-        stubs = [verifier_pb2_grpc.VerifierStub(channel) for channel in channels]
-        ids = [f"{label}-{i}" for i in range(n)]
-        picks = [i % len(prompts) for i in range(n)]
         began = time.perf_counter()
-        await asyncio.gather(*(open_session(stubs[i], ids[i], prompts[picks[i]]) for i in range(n)))
+        await asyncio.gather(*(device.open() for device in devices))
         opened = time.perf_counter() - began
         before = scrape_batch_histogram(metrics_url)
         began = time.perf_counter()
         sessions = await asyncio.gather(*(
-            decode(stubs[i], ids[i], len(prompts[picks[i]]), len(references[picks[i]]), eos,
-                   drafter_for(references[picks[i]], config.acceptance, random.Random(f"{config.seed}/{i}"), vocab),
-                   config.window) for i in range(n)))
+            device.decode(proposer(references[p], config.acceptance, random.Random(f"{config.seed}/{i}"), vocab), 0.0,
+                          FixedWindow(config.window), reference=references[p])
+            for i, (device, p) in enumerate(zip(devices, picks))))
         wall = time.perf_counter() - began
         after = scrape_batch_histogram(metrics_url)
-        await asyncio.gather(*(stubs[i].CloseSession(verifier_pb2.CloseSessionRequest(session_id=ids[i]))
-                               for i in range(n)))
     finally:
-        await asyncio.gather(*(channel.close() for channel in channels))
+        await asyncio.gather(*(device.close() for device in devices), return_exceptions=True)
     return LoadRun(list(sessions), [references[p] for p in picks], wall, opened, before, after)
+
+
+def proposer(reference: list[int], acceptance: float, rng: random.Random, vocab: int) -> Callable[[int, int], list[int]]:
+    return lambda position, k: propose(reference, position, k, acceptance, rng, vocab)
 
 
 def first_difference(generated: list[int], reference: list[int]) -> int | None:
@@ -241,10 +198,10 @@ def first_difference(generated: list[int], reference: list[int]) -> int | None:
 def summarize(mode: str, n: int, load: LoadRun, memory: dict) -> dict:
     sessions = load.sessions
     tokens = sum(len(s.generated) for s in sessions)
-    windows = [w for s in sessions for w in s.window_seconds]
-    depths = [d for s in sessions for d in s.queue_depths]
+    windows = [r.verify_wall_seconds for s in sessions for r in s.samples]
+    depths = [r.queue_depth for s in sessions for r in s.samples]
     tpot = [s.seconds / len(s.generated) for s in sessions if s.generated]
-    drafted, accepted = sum(s.drafted for s in sessions), sum(s.accepted for s in sessions)
+    stats = RoundStats.merged(s.stats for s in sessions)
     mismatches = []
     for i, (session, reference) in enumerate(zip(sessions, load.references)):
         at = first_difference(session.generated, reference)
@@ -256,8 +213,8 @@ def summarize(mode: str, n: int, load: LoadRun, memory: dict) -> dict:
             "tpot_ms_p50": round(1000 * percentile(tpot, 0.5), 2), "tpot_ms_p99": round(1000 * percentile(tpot, 0.99), 2),
             "window_ms_p50": round(1000 * percentile(windows, 0.5), 2),
             "window_ms_p99": round(1000 * percentile(windows, 0.99), 2),
-            "rounds": len(windows), "drafted": drafted, "accepted": accepted,
-            "acceptance": round(accepted / drafted, 3) if drafted else None,
+            "rounds": len(windows), "drafted": stats.drafted, "accepted": stats.accepted,
+            "acceptance": round(stats.acceptance_rate, 3) if stats.drafted else None,
             "queue_depth": {"mean": round(sum(depths) / len(depths), 2) if depths else None,
                             "p50": percentile(depths, 0.5), "p99": percentile(depths, 0.99), "max": max(depths, default=0)},
             "batch_size": batch_sizes(load.batch_before, load.batch_after),
@@ -274,12 +231,10 @@ def report_mismatches(row: dict) -> None:
 async def measure_mode(mode: str, address: str, pid: int, metrics_url: str | None, config: argparse.Namespace,
                        prompts: list[list[int]], keys: list[str], bar=None) -> list[dict]:
     """Every N of one mode; ``bar`` (a progress bar counting sessions) advances by N after each run."""
-    async with open_channel(address) as channel:
-        stub = verifier_pb2_grpc.VerifierStub(channel)
-        info = await stub.Info(verifier_pb2.InfoRequest())
-        eos = frozenset(info.eos_token_ids)
-        references = await ensure_references(stub, config.references, keys, prompts, config.tokens, eos,
-                                             config.timeout)
+    info = await verifier_info(address)
+    eos = frozenset(info.eos_token_ids)
+    references = await ensure_references(address, config.references, keys, prompts, config.tokens, eos,
+                                         config.timeout)
     await asyncio.wait_for(run_load(address, prompts, references, 1, config, eos, info.vocab_size, f"warmup-{mode}",
                                     None), config.timeout)
     rows = []
@@ -287,9 +242,8 @@ async def measure_mode(mode: str, address: str, pid: int, metrics_url: str | Non
         try:
             load = await asyncio.wait_for(run_load(address, prompts, references, n, config, eos, info.vocab_size,
                                                    f"load-{mode}-{n}", metrics_url), config.timeout)
-        except (asyncio.TimeoutError, grpc.aio.AioRpcError, RuntimeError) as error:
-            reason = (f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError) else
-                      f"{error.code().name}: {error.details()}" if isinstance(error, grpc.aio.AioRpcError) else str(error))
+        except RUN_FAILURES as error:
+            reason = failure(error, config.timeout)
             print(f"!!! {mode}, N={n}: {reason}; skipping larger N in this mode", file=sys.stderr, flush=True)
             rows.append({"mode": mode, "sessions": n, "error": reason, "mismatches": 0})
             if bar is not None:

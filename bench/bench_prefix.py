@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from bench.report import progress
 

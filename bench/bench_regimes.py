@@ -31,12 +31,11 @@ from pathlib import Path
 from bench.bench_capacity import (MAX_K, add_device_flags, check_device_flags, draft_seconds_per_token, ensure_drafts,
                                   pinned_devices, report_mismatches, run_sessions, verifier_command)
 from bench.bench_load import ensure_references, reference_key, running_verifier
+from bench.devices import RUN_FAILURES, failure, verifier_info
 from bench.prompt_set import PROMPT_SET
 from bench.report import progress
-from bench.wan import DelayProxy, LinkProfile
+from harness.link import DelayProxy, LinkProfile
 from edgespec.control.telemetry import Telemetry
-from edgespec.net.transport import open_channel
-from edgespec.v1 import verifier_pb2, verifier_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +134,9 @@ def plot(rows: list[dict], phases: list[Phase], modes: list[str], path: Path) ->
 
 
 async def measure(service, metrics_url, config, phases, prompts, keys) -> tuple[list[dict], float]:
-    async with open_channel(service.address) as channel:
-        stub = verifier_pb2_grpc.VerifierStub(channel)
-        info = await stub.Info(verifier_pb2.InfoRequest())
-        eos = frozenset(info.eos_token_ids)
-        refs = {c: await ensure_references(stub, config.references, keys[c], prompts[c], config.tokens, eos,
-                                           config.timeout) for c in prompts}
+    eos = frozenset((await verifier_info(service.address)).eos_token_ids)
+    refs = {c: await ensure_references(service.address, config.references, keys[c], prompts[c], config.tokens, eos,
+                                       config.timeout) for c in prompts}
     choices = {c: ensure_drafts(config.drafts, config.draft, 1, prompts[c], refs[c]) for c in prompts}
     first = next(iter(prompts.values()))[0]
     draft_seconds = (config.draft_ms / 1000 if config.draft_ms is not None else
@@ -159,11 +155,10 @@ async def measure(service, metrics_url, config, phases, prompts, keys) -> tuple[
                     try:
                         row = await asyncio.wait_for(run_sessions(
                             proxy.address, prompts[c], refs[c], choices[c], phase.sessions, mode, draft_seconds, costs,
-                            eos, f"trace-{mode}-{i}", service.process.pid, metrics_url), config.timeout)
-                    except (asyncio.TimeoutError, RuntimeError) as error:
+                            eos, f"trace-{mode}-{i}", service.process.pid, metrics_url, config.timeout), config.timeout)
+                    except RUN_FAILURES as error:
                         row = {"mode": mode, "sessions": phase.sessions, "mismatches": 0,
-                               "error": f"timed out after {config.timeout}s" if isinstance(error, asyncio.TimeoutError)
-                               else str(error)}
+                               "error": failure(error, config.timeout)}
                     row |= {"phase": i, "phase_name": phase.name, "rtt_ms": phase.rtt_ms, "category": c,
                             "backend": config.backend}
                     rows.append(row)

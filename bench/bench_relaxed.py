@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from bench.report import progress
 

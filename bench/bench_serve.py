@@ -3,7 +3,7 @@
     edgespec bench serve [--systems all] [--concurrency 1,4,16] [--subset 26] [--tokens 64] [--json PATH]
 
 Systems, each an OpenAI-compatible HTTP server started once, before anything is measured:
-  edgespec           llama.cpp verifier, drafter and coordinator on loopback (bench/cluster.py; placed on the CPUs
+  edgespec           llama.cpp verifier, drafter and coordinator on loopback (harness/cluster.py; placed on the CPUs
                      as --edgespec-layout says), the coordinator's OpenAI API, its default adaptive window
   edgespec-w0        the same services, each request asking for window 0 (target-only): {"edgespec": {"window": 0}}
   llama-server       llama.cpp's own server on the verifier's target GGUF, built from the vendored llama.cpp
@@ -52,7 +52,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 from bench.serving import (Server, ServerFailed, edgespec_cluster, llama_server, log_tail, stop_group,
                            tree_cpu_seconds, vllm_server)
 from bench.spec_bench import SPEC_BENCH

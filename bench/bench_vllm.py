@@ -28,11 +28,11 @@ import grpc
 import numpy as np
 
 from bench.bench_llamacpp import aggregate, run_mode
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from bench.report import progress
 from bench.vllm_jobs import VLLM_PYTHON, run as vllm_run
-from bench.wan import LinkProfile
+from harness.link import LinkProfile
 
 log = logging.getLogger("edgespec.bench_vllm")
 

@@ -3,7 +3,7 @@
     edgespec bench wan --json docs/bench/wan.json --md docs/bench/wan.md
 
 One cluster with the default real pair; the verifier sits behind a WAN delay
-proxy (bench.wan) whose profile changes between settings, and its RTT
+proxy (harness.link) whose profile changes between settings, and its RTT
 is measured with gRPC health checks before each one. Two coordinators share the
 drafter and the verifier: one blocking, one pipelined. The "cloud" (verifier) and
 the "edge" (drafter, coordinators) are pinned to different cores with one model
@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import REPO_ROOT, LocalCluster, start_service
+from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_wan
 from bench.report import percentile, progress
-from bench.wan import LinkProfile, grpc_health_rtt_ms
+from harness.link import LinkProfile, grpc_health_rtt_ms
 
 
 async def timed_generation(address: str, prompt: str, max_new_tokens: int, window: int):

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from edge_client.client import generate, generate_resilient
-from bench.cluster import LocalCluster, Service
+from harness.cluster import LocalCluster, Service
 from bench.report import percentile
-from bench.wan import LinkProfile
+from harness.link import LinkProfile
 
 
 def opened_count(verifier: Service) -> int:

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from edge_client.client import generate
-from bench.cluster import REPO_ROOT, LocalCluster, ServiceFailed
+from harness.cluster import REPO_ROOT, LocalCluster, ServiceFailed
 
 # Two prompts, as users send them: one whose answer repeats the prompt (an edit: free drafts copy it), and one
 # open-ended (nothing to copy: the floor, target-only speed).

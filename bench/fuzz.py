@@ -41,7 +41,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from edgespec.v1 import coordinator_pb2, drafter_pb2, verifier_pb2
 
 OPEN_IDS = ["fuzz-a", "fuzz-b"]         # sessions the fuzzer opens and drives itself

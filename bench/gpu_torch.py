@@ -167,7 +167,7 @@ def serve(model_dir: str, device: str, dtype: str, prompts: list[tuple[str, str]
     import torch
     from transformers import AutoModelForCausalLM
 
-    from bench.cluster import LocalCluster
+    from harness.cluster import LocalCluster
     from edgespec.backends.tokenizer import HFTokenizer
 
     tokenizer = HFTokenizer(model_dir)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.bench_llamacpp import compare
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from edge_client.client import generate
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible servers `edgespec bench serve` measures, each started once as its own process on loopback.
 
-    edgespec_cluster(...)   the demo's cluster (bench.cluster.LocalCluster), its coordinator serving the OpenAI API
+    edgespec_cluster(...)   the demo's cluster (harness.cluster.LocalCluster), its coordinator serving the OpenAI API
     llama_server(...)       llama.cpp's own server, built from the vendored sources (bench.llamacpp_tools)
     vllm_server(...)        vLLM's OpenAI server from .venv-vllm (the model dequantised to a Hugging Face directory)
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bench.cluster import LocalCluster, ServiceFailed
+from harness.cluster import LocalCluster, ServiceFailed
 from edgespec.ops.llama_build import describe_exit
 
 HTTP_API = re.compile(r"OpenAI-compatible API on http://(\S+):(\d+)/v1")   # the coordinator's log line

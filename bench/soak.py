@@ -38,7 +38,7 @@ import grpc
 from edge_client.client import generate
 from edgespec.net.rpc import RETRY_AFTER_KEY
 from bench.report import process_memory_mib
-from bench.cluster import LocalCluster, Service
+from harness.cluster import LocalCluster, Service
 from bench.prompt_set import PROMPT_SET
 from bench.plots import plot_soak
 from bench.report import percentile, progress

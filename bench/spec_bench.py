@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 from bench.demo import GROUNDED_PROMPT, OPEN_PROMPT
 from bench.prompt_set import CODE
 

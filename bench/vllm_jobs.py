@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 

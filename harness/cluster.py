@@ -3,7 +3,7 @@
 Used by `edgespec demo`, `edgespec bench speed` and the RPC/system/chaos tests. Each
 service binds port 0 (or a given port, to restart it in place) and we read the
 port it logged; logs go to files in ``log_dir``. With a ``link`` profile, each
-verifier sits behind a WAN delay proxy (bench.wan) and the coordinator
+verifier sits behind a WAN delay proxy (harness.link) and the coordinator
 talks to the proxies: the edge-cloud link, emulated on real sockets.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.wan import DelayProxy, LinkProfile
+from harness.link import DelayProxy, LinkProfile
 from edgespec.ops.llama_build import describe_exit, installed as installed_build
 
-REPO_ROOT = Path(__file__).resolve().parents[1]   # the source checkout bench/ lives in
+REPO_ROOT = Path(__file__).resolve().parents[1]   # the source checkout harness/ lives in
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT}
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 

@@ -28,7 +28,7 @@ What it does not emulate:
     control pushes back on the sender.
 
 The proxy runs its own asyncio loop in a daemon thread, so synchronous code (pytest, benchmark
-drivers) can start and steer it. ``python -m bench.wan --help`` runs one from the shell.
+drivers) can start and steer it. ``python -m harness.link --help`` runs one from the shell.
 """
 from __future__ import annotations
 
@@ -415,14 +415,14 @@ async def grpc_health_rtt_ms(address: str, count: int = 20, timeout_s: float = 1
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.wan",
+        prog="python -m harness.link",
         description="Run a TCP proxy on loopback that makes connections to UPSTREAM behave like a WAN link "
                     "(delay, jitter, bandwidth, loss as TCP retransmission delay). Point clients at the "
                     "printed address instead of UPSTREAM. Runs until SIGINT or SIGTERM.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the server to proxy to")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    # --port too, so that tools.cluster.start_service can run the proxy like any service.
+    # --port too, so that harness.cluster.start_service can run the proxy like any service.
     parser.add_argument("--listen-port", "--port", type=int, default=0,
                         help="port to listen on (0 = any free port)")
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="round-trip delay added, ms (half each way)")

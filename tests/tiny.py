@@ -6,7 +6,7 @@ import functools
 import torch
 
 from edgespec.backends.registry import TINY_EOS, load_lm
-from bench.inprocess import InProcessDrafter, InProcessVerifier
+from harness.inprocess import InProcessDrafter, InProcessVerifier
 
 __all__ = ["InProcessDrafter", "InProcessVerifier", "target_only_greedy", "tiny"]
 

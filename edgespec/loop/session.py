@@ -5,8 +5,8 @@ counts the round from its RoundSample.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Iterable, Sequence
 
 from edgespec.control.sample import RoundSample
 from edgespec.verify.greedy import Verdict
@@ -45,6 +45,21 @@ class RoundStats:
         self.target_logprob += sample.target_logprob
         _count_to(self.offered_at_depth, sample.k)
         _count_to(self.accepted_at_depth, sample.accepted)
+
+    @classmethod
+    def merged(cls, many: Iterable["RoundStats"]) -> "RoundStats":
+        """The counts of several generations together (their derived values then hold over all of them)."""
+        total = cls()
+        for stats in many:
+            for name in (f.name for f in fields(cls)):
+                mine, theirs = getattr(total, name), getattr(stats, name)
+                if isinstance(mine, list):
+                    mine.extend([0] * (len(theirs) - len(mine)))
+                    for d, count in enumerate(theirs):
+                        mine[d] += count
+                else:
+                    setattr(total, name, mine + theirs)
+        return total
 
     @property
     def acceptance_rate(self) -> float:

@@ -111,5 +111,5 @@ def configure(log_format: str, level: int | str = logging.INFO) -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # An engine that dies by a signal in native code (a llama.cpp kernel) leaves the Python stack it died in on
     # stderr, so the log says whether it was loading or in a forward; whoever started the service reports the
-    # death in one line (bench.cluster.exit_note).
+    # death in one line (harness.cluster.exit_note).
     faulthandler.enable()

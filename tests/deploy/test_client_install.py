@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster import REPO_ROOT, LocalCluster
+from harness.cluster import REPO_ROOT, LocalCluster
 from tests.tiny import target_only_greedy
 
 PACKAGE_PARTS = ["pyproject.toml", "README.md", "edgespec", "services", "edge_client"]

@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from edge_client.client import generate
 from edgespec.backends.registry import TINY_EOS
-from bench.cluster import REPO_ROOT, LocalCluster
+from harness.cluster import REPO_ROOT, LocalCluster
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from edgespec.engines.verifier import VerifierEngine
 from tests.streams import generated

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
-from bench.cluster import LocalCluster  # noqa: E402
+from harness.cluster import LocalCluster  # noqa: E402
 from edgespec.v1 import drafter_pb2  # noqa: E402
 from tests.rpc.test_model_by_id import wait_for_log  # noqa: E402
 from tests.rpc.test_sessions_rpc import drafter_call  # noqa: E402

@@ -1,6 +1,6 @@
 """Free drafts through the real services: the coordinator's suffix drafter sends what the text repeats, over
 gRPC to a real verifier, and the output stays the target's own."""
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from tests.streams import generated
 from tests.tiny import target_only_greedy
 

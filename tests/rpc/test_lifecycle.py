@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge_client.client import generate
-from bench.cluster import LISTENING, REPO_ROOT, Service, start_service
+from harness.cluster import LISTENING, REPO_ROOT, Service, start_service
 
 GRACE = 2            # --grace of every service here, seconds
 EXIT_SLACK = 10      # what a loaded 2-core machine may add to the grace before the process is gone

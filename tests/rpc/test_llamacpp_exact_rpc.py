@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
-from bench.cluster import REPO_ROOT, LocalCluster  # noqa: E402
+from harness.cluster import REPO_ROOT, LocalCluster  # noqa: E402
 from bench.llama_exactness import many  # noqa: E402
 from bench.llama_invariance import SETTINGS, run_setting  # noqa: E402
 from tests.streams import generated  # noqa: E402

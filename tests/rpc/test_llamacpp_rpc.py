@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
 from bench.chaos import exactly_once, opened_count, run_with_fault, serving_verifier  # noqa: E402
-from bench.cluster import LocalCluster  # noqa: E402
+from harness.cluster import LocalCluster  # noqa: E402
 from edgespec.backends import llamacpp  # noqa: E402
 from edgespec.backends.tokenizer import load_tokenizer  # noqa: E402
 from tests.streams import generated  # noqa: E402

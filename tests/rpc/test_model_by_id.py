@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from bench.cluster import REPO_ROOT, start_service, stop_service
+from harness.cluster import REPO_ROOT, start_service, stop_service
 from edge_client.client import generate
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.tiny import target_only_greedy

@@ -11,7 +11,7 @@ import time
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.cluster import REPO_ROOT, LocalCluster, stop_service
+from harness.cluster import REPO_ROOT, LocalCluster, stop_service
 from edgespec.net.transport import ClientSecurity, open_channel
 from edgespec.v1 import coordinator_pb2
 

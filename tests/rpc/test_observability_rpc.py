@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_client.client import generate
-from bench.cluster import LocalCluster, Service
+from harness.cluster import LocalCluster, Service
 from tests.tiny import target_only_greedy
 
 TARGET, DRAFT = "tiny:7", "tiny:7~1"

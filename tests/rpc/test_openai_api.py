@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cluster import REPO_ROOT, LocalCluster, start_service, stop_service
+from harness.cluster import REPO_ROOT, LocalCluster, start_service, stop_service
 from edge_client.client import generate
 from edgespec.backends.registry import TINY_EOS
 from edgespec.backends.tokenizer import ByteTokenizer

@@ -4,7 +4,7 @@ in one call, which must stay within the drafter's limit (it asked for 17 tokens 
 import asyncio
 
 from edge_client.client import generate
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from tests.tiny import target_only_greedy
 
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
-from bench.cluster import start_service, stop_service  # noqa: E402
+from harness.cluster import start_service, stop_service  # noqa: E402
 from edgespec.v1 import verifier_pb2 as pb  # noqa: E402
 from edgespec.v1 import verifier_pb2_grpc  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge_client.client import generate
-from bench.cluster import LocalCluster, start_service, stop_service
+from harness.cluster import LocalCluster, start_service, stop_service
 from edgespec.ops.devcerts import make_dev_certs
 from edgespec.net.transport import ClientSecurity, open_channel
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc

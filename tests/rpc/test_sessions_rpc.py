@@ -16,7 +16,7 @@ import pytest
 from edge_client.client import generate
 from edgespec.engines.drafter import DrafterEngine
 from edgespec.net.security import END_USER_KEY
-from bench.cluster import LocalCluster, start_service, stop_service
+from harness.cluster import LocalCluster, start_service, stop_service
 from edgespec.ops.devcerts import make_dev_certs
 from edgespec.net.transport import ClientSecurity, open_channel
 from edgespec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc

@@ -3,8 +3,8 @@ import asyncio
 import re
 
 from edge_client.client import generate
-from bench.cluster import LocalCluster
-from bench.wan import LinkProfile
+from harness.cluster import LocalCluster
+from harness.link import LinkProfile
 from tests.tiny import target_only_greedy
 
 TARGET, DRAFT = "tiny:7", "tiny:7~1"

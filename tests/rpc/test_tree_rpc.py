@@ -1,7 +1,7 @@
 """Token-tree windows through the real services (coordinator --tree-depth): greedy output equals target-only."""
 import pytest
 
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from tests.streams import generated
 from tests.tiny import target_only_greedy
 
@@ -70,7 +70,7 @@ REPETITIVE = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(
 
 def test_cloud_drafting_over_grpc_gives_target_only_output(tmp_path):
     """--cloud-draft on: the verifier drafts every window itself; fallback: it does once the edge drafter is gone."""
-    from bench.cluster import stop_service
+    from harness.cluster import stop_service
 
     target = "tiny:3"
     reference = target_only_greedy(target, list(REPETITIVE.encode()), 48)

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgespec.backends.registry import TINY_EOS
-from bench.cluster import start_service, stop_service
+from harness.cluster import start_service, stop_service
 from edgespec.v1 import verifier_pb2 as pb
 from edgespec.v1 import verifier_pb2_grpc
 from edgespec.engines.verifier import VerifierEngine

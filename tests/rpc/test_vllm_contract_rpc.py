@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.vllm_jobs import VLLM_PYTHON
 from edgespec.backends.registry import model_path
 from edgespec.v1 import verifier_pb2, verifier_pb2_grpc

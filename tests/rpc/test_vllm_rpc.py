@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from bench.chaos import exactly_once, opened_count, run_with_fault, serving_verifier
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 from bench.vllm_jobs import VLLM_PYTHON, run as vllm_run
 from edge_client.client import generate
 from edgespec.backends.registry import model_path

@@ -15,8 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from bench.cluster import REPO_ROOT
-from bench.wan import (DelayProxy, EchoServer, LinkProfile, grpc_health_rtt_ms, measure_rtt,
+from harness.cluster import REPO_ROOT
+from harness.link import (DelayProxy, EchoServer, LinkProfile, grpc_health_rtt_ms, measure_rtt,
                                 recv_exactly, split_address)
 
 MB = 1_000_000
@@ -185,7 +185,7 @@ def test_impossible_profiles_are_refused(fields):
 
 
 def test_cli_proxies_until_sigterm(echo):
-    process = subprocess.Popen([sys.executable, "-m", "bench.wan", "--upstream", echo.address,
+    process = subprocess.Popen([sys.executable, "-m", "harness.link", "--upstream", echo.address,
                                 "--rtt-ms", "20", "--loss", "0.005"],
                                stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:

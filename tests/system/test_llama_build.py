@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
-from bench.cluster import start_service, stop_service  # noqa: E402
+from harness.cluster import start_service, stop_service  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

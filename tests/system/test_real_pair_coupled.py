@@ -13,7 +13,7 @@ import pytest
 
 from edge_client.client import generate
 from bench.chaos import exactly_once, run_with_fault
-from bench.cluster import REPO_ROOT, LocalCluster
+from harness.cluster import REPO_ROOT, LocalCluster
 from bench.prompts import PROMPTS
 
 pytestmark = pytest.mark.real_models

@@ -16,7 +16,7 @@ import asyncio
 import pytest
 
 from edge_client.client import generate
-from bench.cluster import LocalCluster
+from harness.cluster import LocalCluster
 
 pytestmark = pytest.mark.real_models
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")

@@ -13,3 +13,15 @@ def test_tpot_percentiles_are_per_request_and_speed_is_over_all_tokens():
     assert summary["tpot_p99_ms"] == pytest.approx(100.0)
     assert summary["identical"] == 2 and summary["prompts"] == 3
     assert summary["acceptance"] == pytest.approx(0.5)
+
+
+def test_the_ceiling_is_the_goodput_model_over_the_measured_curve():
+    """E(k) / (k d + RTT + c(k + 1)) at its best k, written out for a curve that measured windows up to 3 tokens
+    (so k <= 2, whatever max_k allows), against target-only, 1 / (RTT + c(1))."""
+    from bench.bench_llamacpp import ceiling
+
+    curve, d, alpha, rtt = {1: 1.0, 2: 1.2, 3: 1.5, 5: 1.9}, 0.1, 0.8, 0.5
+    by_hand = [1 / (rtt + 1.0), (1 + alpha) / (d + rtt + 1.2), (1 + alpha + alpha ** 2) / (2 * d + rtt + 1.5)]
+    assert ceiling(curve, d, alpha, rtt) == pytest.approx(max(by_hand))
+    assert ceiling(curve, d, alpha, rtt, max_k=1) == pytest.approx(max(by_hand[:2]))
+    assert ceiling({1: 1.0}, d, alpha, rtt) == pytest.approx(by_hand[0])

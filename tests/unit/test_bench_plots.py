@@ -21,13 +21,18 @@ def written(path) -> bool:
 
 
 def load_report() -> dict:
-    from bench.bench_load import LoadRun, SessionRun, on_off_ratios, summarize
+    from bench.bench_load import LoadRun, on_off_ratios, summarize
+    from bench.devices import DeviceRun
+    from edgespec.control.sample import RoundSample
+    from edgespec.loop.session import RoundStats
 
     rows = []
     for mode, speed in (("on", 3.0), ("off", 1.0)):
         for n in (1, 2, 4):
-            sessions = [SessionRun(generated=[5] * 8, seconds=8 / speed, window_seconds=[0.1, 0.2, 0.3],
-                                   queue_depths=[0, n - 1, 1], drafted=12, accepted=9) for _ in range(n)]
+            samples = [RoundSample(4, accepted, 0.0, wall, 0.05, depth, "v")
+                       for accepted, wall, depth in ((3, 0.1, 0), (3, 0.2, n - 1), (3, 0.3, 1))]
+            sessions = [DeviceRun(generated=[5] * 8, seconds=8 / speed, samples=samples,
+                                  stats=RoundStats(rounds=3, drafted=12, accepted=9)) for _ in range(n)]
             load = LoadRun(sessions, [[5] * 8] * n, wall_seconds=8 / speed, open_seconds=0.5,
                            batch_before=None, batch_after=None)
             rows.append(summarize(mode, n, load, {"rss_mib": 900.0, "hwm_mib": 950.0}))

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 
 
 def test_generated_code_matches_the_protos(tmp_path):

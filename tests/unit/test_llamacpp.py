@@ -22,7 +22,7 @@ from edgespec.loop.speculation import speculate  # noqa: E402
 from edgespec.control.telemetry import Telemetry  # noqa: E402
 from edgespec.control.window import FixedWindow, GoodputWindow  # noqa: E402
 from edgespec.verify.sampling import SamplingParams  # noqa: E402
-from bench.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
+from harness.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
 
 PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
             8182, 2, 198, 1, 4093, 198],   # a chat-template-like prefix of SmolLM2 ids

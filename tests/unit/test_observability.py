@@ -37,7 +37,7 @@ from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.control.sample import RoundSample
 from edgespec.backends.tokenizer import load_tokenizer
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 from edgespec.v1 import coordinator_pb2, coordinator_pb2_grpc, drafter_pb2, verifier_pb2, verifier_pb2_grpc
 from edgespec.engines.verifier import VerifierEngine
 from edgespec.control.window import FixedWindow

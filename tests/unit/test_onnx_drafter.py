@@ -127,7 +127,7 @@ def test_drafter_service_serves_onnx_without_torch_and_output_stays_exact(export
     import asyncio
 
     from edge_client.client import generate
-    from bench.cluster import LocalCluster
+    from harness.cluster import LocalCluster
     from tests.tiny import target_only_greedy
 
     shim = tmp_path / "shim"

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from bench.inprocess import InProcessDrafter, InProcessVerifier
+from harness.inprocess import InProcessDrafter, InProcessVerifier
 from edgespec.backends.registry import TINY_EOS
 from edgespec.control.window import FixedWindow, GoodputWindow
 from edgespec.control.telemetry import Telemetry

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench.cluster import REPO_ROOT
+from harness.cluster import REPO_ROOT
 from edgespec.loop.generation import GenerationConfig
 from services.coordinator.__main__ import parse_args as coordinator_args
 from services.drafter.__main__ import parse_args as drafter_args

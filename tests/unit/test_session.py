@@ -45,3 +45,24 @@ def test_commit_rejects_impossible_verdicts():
         log.commit([5, 6, 7], Verdict(3, 1))
     assert log.generated == []
 
+
+
+def test_merged_stats_count_every_round_of_every_generation():
+    from edgespec.loop.session import RoundStats
+
+    a, b = RoundStats(), RoundStats()
+    a.record(RoundSample(3, 2, 0.1, 0.4))
+    a.record(RoundSample(0, 0, 0.0, 0.2))
+    b.record(RoundSample(4, 4, 0.2, 0.5, free=True))
+    b.optimistic_windows, b.optimistic_hits = 3, 2
+    one = RoundStats()
+    for sample in (RoundSample(3, 2, 0.1, 0.4), RoundSample(0, 0, 0.0, 0.2), RoundSample(4, 4, 0.2, 0.5, free=True)):
+        one.record(sample)
+    one.optimistic_windows, one.optimistic_hits = 3, 2
+    merged = RoundStats.merged([a, b])
+    assert merged.offered_at_depth == one.offered_at_depth == [2, 2, 2, 1]
+    assert merged.accepted_at_depth == one.accepted_at_depth == [2, 2, 1, 1]
+    assert merged == one and merged.acceptance_rate == pytest.approx(6 / 7)
+    assert merged.mean_accepted_length == pytest.approx(9 / 3)
+    assert (a.rounds, a.accepted_at_depth) == (2, [1, 1])   # the parts are left as they were
+    assert RoundStats.merged([]) == RoundStats()

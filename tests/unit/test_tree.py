@@ -109,7 +109,7 @@ def test_greedy_tree_decoding_equals_target_only_decoding():
 
 import asyncio  # noqa: E402
 
-from bench.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
+from harness.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
 from edgespec.backends.registry import TINY_EOS  # noqa: E402
 from edgespec.control.window import FixedWindow  # noqa: E402
 from edgespec.engines.drafter import DrafterEngine  # noqa: E402

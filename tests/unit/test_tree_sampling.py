@@ -155,7 +155,7 @@ def test_without_removes_tokens_and_renormalises():
 
 import asyncio  # noqa: E402
 
-from bench.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
+from harness.inprocess import InProcessDrafter, InProcessVerifier  # noqa: E402
 from edgespec.backends.registry import TINY_EOS  # noqa: E402
 from edgespec.control.window import FixedWindow  # noqa: E402
 from edgespec.engines.drafter import DrafterEngine  # noqa: E402
