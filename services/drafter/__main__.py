@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
                         help="dynamic int8 quantization of the draft's Linear layers: ~2.2x faster drafting on CPU at "
                              "a small acceptance cost; the output stays the target's. auto = int8 on a CPU in float32, "
                              "else none (default %(default)s)")
-    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp", "onnx", "ngram"],
+    parser.add_argument("--backend", default="torch", choices=list(BACKENDS),
                         help="torch: --model with transformers; llamacpp: --model as a GGUF file in llama.cpp "
                              "('draft' is the packaged Q4_K_M file as shipped; needs no torch); onnx: --onnx-dir with "
                              "ONNX Runtime (--threads sets its intra-op threads; needs no torch); ngram: prompt lookup "
@@ -90,21 +90,26 @@ def parse_args(argv: list[str] | None = None) -> DrafterConfig:
                          args.vocab_size, args.cross_tokenizer or None, args.idle_ttl, args.forget_after)
 
 
-def load_model(config: DrafterConfig):
-    """The draft model of the configured backend; runs on the worker thread."""
-    if config.backend == "onnx":
-        from edgespec.backends.onnx_lm import OnnxCausalLM
-        return OnnxCausalLM(config.onnx_dir, threads=config.service.threads)
-    if config.backend == "ngram":
-        from edgespec.backends.ngram import NgramDrafter
-        return NgramDrafter(config.vocab_size)
-    if config.backend == "llamacpp":
-        from edgespec.backends import llamacpp
-        from edgespec.backends.assets import gguf_spec
-        service = config.service
-        return llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
-                             service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes,
-                             exact=llamacpp.exact_settings(service.llamacpp.exact, service.threads))
+def _load_onnx(config: DrafterConfig):
+    from edgespec.backends.onnx_lm import OnnxCausalLM
+    return OnnxCausalLM(config.onnx_dir, threads=config.service.threads)
+
+
+def _load_ngram(config: DrafterConfig):
+    from edgespec.backends.ngram import NgramDrafter
+    return NgramDrafter(config.vocab_size)
+
+
+def _load_llamacpp(config: DrafterConfig):
+    from edgespec.backends import llamacpp
+    from edgespec.backends.assets import gguf_spec
+    service = config.service
+    return llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
+                         service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes,
+                         exact=llamacpp.exact_settings(service.llamacpp.exact, service.threads))
+
+
+def _load_torch(config: DrafterConfig):
     import torch
 
     from edgespec.backends.assets import resolve_spec
@@ -123,6 +128,16 @@ def load_model(config: DrafterConfig):
         # Hugging Face ids as their local snapshots: the tokenizers load from there, offline.
         return wrap_for_target(lm, resolve_spec(service.model), resolve_spec(config.cross_tokenizer))
     return lm
+
+
+# The drafter's backends (--backend): each loads a DraftModel (edgespec/engines/drafter.py) from the config; a new
+# backend is one module in edgespec/backends/ and one entry here.
+BACKENDS = {"torch": _load_torch, "llamacpp": _load_llamacpp, "onnx": _load_onnx, "ngram": _load_ngram}
+
+
+def load_model(config: DrafterConfig):
+    """The draft model of the configured backend; runs on the worker thread."""
+    return BACKENDS[config.backend](config)
 
 
 def draft_eos_ids(model) -> list[int]:

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
                    "(random test model, torch only), a Hugging Face model directory or a Hugging Face id "
                    "ORG/NAME from the local Hugging Face cache (HF_HUB_CACHE or HF_HOME; never downloaded) "
                    "(torch), or a .gguf file (llamacpp)")
-    parser.add_argument("--backend", default="torch", choices=["torch", "llamacpp", "vllm"],
+    parser.add_argument("--backend", default="torch", choices=list(BACKENDS),
                         help="torch: transformers (float32 by default; the bit-exact reference); llamacpp: the GGUF "
                              "file as shipped, in llama.cpp (packaged models need no conversion), sessions batched as "
                              "sequences of one context; vllm: the target in vLLM, windows verified by its own "
@@ -185,29 +185,43 @@ def parse_args(argv: list[str] | None = None) -> VerifierConfig:
         args.profile_window, SelfDraftConfig(nodes=args.self_draft_nodes), options)
 
 
-def load_target(config: VerifierConfig):
-    """The target model of the configured backend, with its EOS ids; runs on the model worker thread."""
-    service = config.service
-    if config.backend == "vllm":
-        path = vllm_lm.model_dir(service.model)
-        lm = vllm_lm.load(str(path), config.vllm, service.max_window)
-        return lm, vllm_lm.eos_ids(path)
-    if config.backend == "llamacpp":
-        from edgespec.backends.assets import gguf_spec
+def _load_vllm(config: VerifierConfig):
+    path = vllm_lm.model_dir(config.service.model)
+    lm = vllm_lm.load(str(path), config.vllm, config.service.max_window)
+    return lm, vllm_lm.eos_ids(path)
 
-        # a prompt's parts are llama.cpp's ubatches, so it is computed as llama.cpp's own run with that -ub computes it
-        exact = llamacpp.exact_settings(service.llamacpp.exact, service.threads, config.limits.prefill_chunk_tokens)
-        lm = llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
-                           service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes, exact=exact)
-        return lm, lm.eos_ids()
+
+def _load_llamacpp(config: VerifierConfig):
+    from edgespec.backends.assets import gguf_spec
+    service = config.service
+    # a prompt's parts are llama.cpp's ubatches, so it is computed as llama.cpp's own run with that -ub computes it
+    exact = llamacpp.exact_settings(service.llamacpp.exact, service.threads, config.limits.prefill_chunk_tokens)
+    lm = llamacpp.load(gguf_spec(service.model), service.threads, service.llamacpp.ctx_tokens,
+                       service.llamacpp.max_sequences, share_prefixes=service.llamacpp.share_prefixes, exact=exact)
+    return lm, lm.eos_ids()
+
+
+def _load_torch(config: VerifierConfig):
     import torch
 
     from edgespec.backends.registry import eos_ids, load_lm
+    service = config.service
     if service.threads:
         torch.set_num_threads(service.threads)
     lm = load_lm(service.model, service.device, service.dtype)
     lm.use_prefix_cache(service.prefix_cache_bytes)
     return lm, eos_ids(lm)
+
+
+# The verifier's backends (--backend): each loads a TargetModel (edgespec/engines/verifier.py) and its EOS ids; a
+# new backend is one module in edgespec/backends/ and one entry here (vLLM runs its own engine instead:
+# edgespec/engines/vllm_verifier.py).
+BACKENDS = {"torch": _load_torch, "llamacpp": _load_llamacpp, "vllm": _load_vllm}
+
+
+def load_target(config: VerifierConfig):
+    """The target model of the configured backend, with its EOS ids; runs on the model worker thread."""
+    return BACKENDS[config.backend](config)
 
 
 def fitted_limits(limits: VerifierLimits, target) -> VerifierLimits:
