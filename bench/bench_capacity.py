@@ -58,11 +58,11 @@ from typing import Iterator
 from bench.bench_load import (BATCH_METRIC, batch_sizes, ensure_references, first_difference, ordered_prompts,
                               reference_key, running_verifier, scrape_batch_histogram, unknown_flags, verifier_help)
 from bench.devices import RUN_FAILURES, Device, DeviceRun, failure, verifier_info
-from bench.report import percentile, progress
+from bench.report import progress
 from harness.link import DelayProxy, LinkProfile
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.policies import window_policy
-from edgespec.loop.session import RoundStats
+from edgespec.loop.session import RoundStats, latency_ms
 
 MAX_K = 8   # the largest fixed window and the auto policy's largest
 
@@ -206,8 +206,7 @@ def summarize(mode: str, n: int, sessions: list[DeviceRun], references: list[lis
         forwards[f"{w},{t}"] = [count + 1, mean + (1000 * seconds - mean) / (count + 1)]
     return {"mode": mode, "sessions": n, "tokens": tokens, "seconds": round(wall, 3),
             "tokens_per_second": round(tokens / wall, 3),
-            "tpot_p50_ms": round(1000 * percentile(tpot, 0.5), 1),
-            "tpot_p99_ms": round(1000 * percentile(tpot, 0.99), 1),
+            **latency_ms("tpot", tpot),
             "rounds": rounds, "tokens_per_round": round(tokens / rounds, 3) if rounds else None,
             "acceptance": round(stats.acceptance_rate, 3) if stats.drafted else None,
             "forward_ms_mean": round(1000 * sum(compute) / len(compute), 2) if compute else None,

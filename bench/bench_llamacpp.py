@@ -36,7 +36,8 @@ import numpy as np
 from harness.cluster import LocalCluster
 from bench.llamacpp_tools import ensure_tools
 from bench.prompts import PROMPTS
-from bench.report import percentile, progress
+from bench.report import progress
+from edgespec.loop.session import latency_ms
 from harness.link import LinkProfile
 from edge_client.client import generate
 from edgespec.control.goodput import best_rate
@@ -152,7 +153,7 @@ def aggregate(rows: list[dict]) -> dict:
     drafted = sum(r["drafted"] for r in rows)
     tpot = [r["decode_seconds"] / r["new_tokens"] for r in rows if r["new_tokens"]]   # per request, as vLLM reports
     return {"tokens_per_second": tokens / seconds, "identical": sum(r["identical"] for r in rows),
-            "tpot_p50_ms": 1000 * percentile(tpot, 0.5), "tpot_p99_ms": 1000 * percentile(tpot, 0.99),
+            **latency_ms("tpot", tpot),
             "prompts": len(rows), "acceptance": (sum(r["acceptance"] * r["drafted"] for r in rows) / drafted
                                                  if drafted else None)}
 

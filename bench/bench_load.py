@@ -50,10 +50,10 @@ from harness.cluster import REPO_ROOT, Service, start_service, stop_service
 from bench.devices import RUN_FAILURES, Device, DeviceRun, failure, verifier_info
 from bench.plots import plot_load
 from bench.prompt_set import PROMPT_SET
-from bench.report import percentile, process_memory_mib, progress
+from bench.report import process_memory_mib, progress
 from edgespec.control.categories import CATEGORIES
 from edgespec.control.window import FixedWindow
-from edgespec.loop.session import RoundStats
+from edgespec.loop.session import RoundStats, latency_ms, percentile
 
 BATCH_METRIC = "edgespec_verifier_batch_size"
 METRICS_URL = re.compile(r"metrics on (http://\S+/metrics)")
@@ -210,9 +210,7 @@ def summarize(mode: str, n: int, load: LoadRun, memory: dict) -> dict:
                                "want": reference[at:at + 4]})
     return {"mode": mode, "sessions": n, "tokens": tokens, "seconds": round(load.wall_seconds, 3),
             "tokens_per_second": round(tokens / load.wall_seconds, 3),
-            "tpot_ms_p50": round(1000 * percentile(tpot, 0.5), 2), "tpot_ms_p99": round(1000 * percentile(tpot, 0.99), 2),
-            "window_ms_p50": round(1000 * percentile(windows, 0.5), 2),
-            "window_ms_p99": round(1000 * percentile(windows, 0.99), 2),
+            **latency_ms("tpot", tpot), **latency_ms("window", windows),
             "rounds": len(windows), "drafted": stats.drafted, "accepted": stats.accepted,
             "acceptance": round(stats.acceptance_rate, 3) if stats.drafted else None,
             "queue_depth": {"mean": round(sum(depths) / len(depths), 2) if depths else None,
@@ -291,8 +289,8 @@ def table_line(row: dict) -> str:
     batch = row["batch_size"]
     memory = row["verifier_memory"]
     return (f"| {row['mode']} | {row['sessions']} | {row['tokens']} | {row['tokens_per_second']:.2f} | "
-            f"{row['tpot_ms_p50']:.1f} / {row['tpot_ms_p99']:.1f} | {row['window_ms_p50']:.1f} / "
-            f"{row['window_ms_p99']:.1f} | {row['acceptance']:.1%} | {row['queue_depth']['mean']} / "
+            f"{row['tpot_p50_ms']:.1f} / {row['tpot_p99_ms']:.1f} | {row['window_p50_ms']:.1f} / "
+            f"{row['window_p99_ms']:.1f} | {row['acceptance']:.1%} | {row['queue_depth']['mean']} / "
             f"{row['queue_depth']['max']} | {batch['mean'] if batch else 'n/a'} | "
             f"{memory['rss_mib']:.0f} / {memory['hwm_mib']:.0f} | {row['mismatches']} |")
 

@@ -27,7 +27,8 @@ from edge_client.client import generate
 from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_policy
-from bench.report import percentile, progress
+from bench.report import progress
+from edgespec.loop.session import latency_ms
 from harness.link import LinkProfile, grpc_health_rtt_ms
 from edgespec.control import policies
 
@@ -64,7 +65,7 @@ def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool,
         totals["verify_wall_seconds"] += s.verify_wall_seconds
     return {**totals, "tok_s": totals["tokens"] / totals["seconds"],
             "round_ms": 1000 * totals["seconds"] / max(1, totals["rounds"]),
-            "tpot_p50_ms": 1000 * percentile(gaps, 0.5), "tpot_p99_ms": 1000 * percentile(gaps, 0.99)}
+            **latency_ms("tpot", gaps)}
 
 
 def alpha_from(runs: list[dict]) -> float:

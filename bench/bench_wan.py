@@ -32,7 +32,8 @@ from edge_client.client import generate
 from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_wan
-from bench.report import percentile, progress
+from bench.report import progress
+from edgespec.loop.session import latency_ms
 from harness.link import LinkProfile, grpc_health_rtt_ms
 
 
@@ -66,7 +67,7 @@ def run_config(address: str, prompts, max_new: int, window: int, bar=None) -> di
         hits += stats.optimistic_hits
         sent += stats.optimistic_windows
     return {"tokens": total_tokens, "seconds": total_seconds, "tok_s": total_tokens / total_seconds,
-            "tpot_p50_ms": 1000 * percentile(gaps, 0.5), "tpot_p99_ms": 1000 * percentile(gaps, 0.99),
+            **latency_ms("tpot", gaps),
             "optimistic_windows": sent, "optimistic_hits": hits, "outputs": outputs}
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 from edge_client.client import generate, generate_resilient
 from harness.cluster import LocalCluster, Service
-from bench.report import percentile
+from edgespec.loop.session import percentile
 from harness.link import LinkProfile
 
 

@@ -43,9 +43,9 @@ def plot_load(report: dict, path: Path) -> Path:
             continue
         ns = [r["sessions"] for r in mine]
         line, = speed.plot(ns, [r["tokens_per_second"] for r in mine], "o-", label=names.get(mode, mode))
-        tpot.plot(ns, [r["tpot_ms_p50"] for r in mine], "o-", color=line.get_color(),
+        tpot.plot(ns, [r["tpot_p50_ms"] for r in mine], "o-", color=line.get_color(),
                   label=f"{names.get(mode, mode)} p50")
-        tpot.plot(ns, [r["tpot_ms_p99"] for r in mine], "s--", color=line.get_color(),
+        tpot.plot(ns, [r["tpot_p99_ms"] for r in mine], "s--", color=line.get_color(),
                   label=f"{names.get(mode, mode)} p99")
     speed.set_ylabel("committed tokens/s (all sessions)")
     tpot.set_ylabel("time per output token, ms")

@@ -9,12 +9,6 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of ``values`` by nearest rank; 0 for no values."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def process_memory_mib(pid: int) -> dict[str, float]:
     """VmRSS (now) and VmHWM (peak since start) of a process, MiB, from /proc/PID/status."""
     memory = {}

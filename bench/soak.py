@@ -41,7 +41,8 @@ from bench.report import process_memory_mib
 from harness.cluster import LocalCluster, Service
 from bench.prompt_set import PROMPT_SET
 from bench.plots import plot_soak
-from bench.report import percentile, progress
+from bench.report import progress
+from edgespec.loop.session import percentile
 
 OVERLOAD = grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -113,6 +113,20 @@ class SessionLog:
         return tokens
 
 
+PERCENTILES = (50, 99)   # the latency percentiles every summary reports
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of ``values`` by nearest rank; 0 for no values."""
+    ordered = sorted(float(v) for v in values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def latency_ms(name: str, seconds: Sequence[float]) -> dict[str, float]:
+    """A latency's percentiles in milliseconds under the one spelling every summary and JSON uses:
+    ``NAME_p50_ms``, ``NAME_p99_ms`` (nearest rank; 0 for no values)."""
+    return {f"{name}_p{q}_ms": 1000 * percentile(seconds, q / 100) for q in PERCENTILES}
+
 
 def _count_to(counts: list[int], depth: int) -> None:
     """One more at each of depths 1..depth (counts[d - 1])."""

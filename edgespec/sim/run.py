@@ -24,7 +24,7 @@ def table(results: list[dict]) -> str:
         for name, s in policies.items():
             acc = "-" if s["acceptance"] is None else f"{s['acceptance']:.2f}"
             lines.append(f"| {result['name']} | {name} | {s['tokens_per_second']:.2f} | "
-                         f"{s['tpot_ms']['p50']:.0f} / {s['tpot_ms']['p99']:.0f} | {s['mean_window']:.2f} | {acc} |")
+                         f"{s['tpot_p50_ms']:.0f} / {s['tpot_p99_ms']:.0f} | {s['mean_window']:.2f} | {acc} |")
         fixed = {n: s["tokens_per_second"] for n, s in policies.items() if n.startswith("fixed:")}
         if fixed:
             best = max(fixed, key=fixed.get)

@@ -37,6 +37,7 @@ import numpy as np
 
 from edgespec.control.policies import window_policy
 from edgespec.control.telemetry import Telemetry
+from edgespec.loop.session import latency_ms
 from edgespec.sim.model import CostProfile, DeviceSpec, LinkModel, Simulation, position_alphas
 
 PROFILES = Path(__file__).with_name("profiles.json")
@@ -135,10 +136,8 @@ def summarise(sim: Simulation, wall_seconds: float, bins: int = 40) -> dict:
         "requests": int(len(req_s)),
         "tokens_per_second": float(req_t.sum() / req_s.sum()) if req_s.sum() > 0 else 0.0,
         "fleet_tokens_per_second": float(tokens.sum() / horizon) if horizon > 0 else 0.0,
-        "tpot_ms": {"p50": float(np.percentile(tpot, 50) * 1e3), "p99": float(np.percentile(tpot, 99) * 1e3),
-                    "mean": float(tpot.mean() * 1e3)} if len(tpot) else {},
-        "round_ms": {"p50": float(np.percentile(sec, 50) * 1e3), "p99": float(np.percentile(sec, 99) * 1e3)}
-        if len(sec) else {},
+        **latency_ms("tpot", tpot), "tpot_mean_ms": float(tpot.mean() * 1e3) if len(tpot) else 0.0,
+        **latency_ms("round", sec),
         "acceptance": float(n.sum() / drafted) if drafted else None,
         "tokens_per_round": float(tokens.mean()) if len(tokens) else 0.0,
         "window_histogram": {str(i): int(c) for i, c in enumerate(hist)},

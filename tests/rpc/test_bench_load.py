@@ -26,7 +26,7 @@ def test_every_session_reproduces_the_reference_in_both_modes(tmp_path):
     for row in report["rows"]:
         assert row["error"] is None and row["mismatches"] == 0
         assert row["tokens"] == sum(lengths[:row["sessions"]])
-        assert row["tokens_per_second"] > 0 and row["tpot_ms_p50"] > 0 and row["window_ms_p99"] > 0
+        assert row["tokens_per_second"] > 0 and row["tpot_p50_ms"] > 0 and row["window_p99_ms"] > 0
         assert row["rounds"] >= row["tokens"] / 5 and 0 <= row["acceptance"] <= 1
         assert row["verifier_memory"]["rss_mib"] > 0 and row["verifier_memory"]["hwm_mib"] >= row["verifier_memory"]["rss_mib"]
         assert set(row["queue_depth"]) == {"mean", "p50", "p99", "max"}

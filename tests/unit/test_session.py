@@ -1,7 +1,7 @@
 import pytest
 
 from edgespec.control.sample import RoundSample
-from edgespec.loop.session import SessionLog
+from edgespec.loop.session import SessionLog, latency_ms, percentile
 from edgespec.verify.greedy import Verdict
 
 
@@ -66,3 +66,10 @@ def test_merged_stats_count_every_round_of_every_generation():
     assert merged.mean_accepted_length == pytest.approx(9 / 3)
     assert (a.rounds, a.accepted_at_depth) == (2, [1, 1])   # the parts are left as they were
     assert RoundStats.merged([]) == RoundStats()
+
+
+def test_latencies_have_one_spelling_and_nearest_rank_percentiles():
+    seconds = [0.001 * i for i in range(1, 101)]          # 1..100 ms
+    assert latency_ms("tpot", seconds) == pytest.approx({"tpot_p50_ms": 51.0, "tpot_p99_ms": 100.0})
+    assert latency_ms("itl", []) == {"itl_p50_ms": 0.0, "itl_p99_ms": 0.0}
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
