@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
 
 from edgespec.engines.drafter import DrafterEngine
 from edgespec.engines.verifier import VerifierEngine
@@ -43,6 +44,11 @@ class InProcessVerifier:
     def __init__(self, engine: VerifierEngine, address: str = "in-process"):
         self.engine = engine
         self.address = address
+
+    async def info(self) -> SimpleNamespace:
+        """What the engine's Info says through the verifier service: its vocabulary, EOS ids and capabilities."""
+        return SimpleNamespace(model=self.address, vocab_size=self.engine.target.vocab_size,
+                               eos_token_ids=sorted(self.engine.eos_ids), capabilities=self.engine.capabilities())
 
     async def open(self, session_id, tokens, params=None):
         self.engine.open(session_id, tokens, *([params] if params else []))

@@ -25,6 +25,7 @@ from edgespec.engines.limits import check_draft_probs, check_prefix, check_sessi
 from edgespec.engines.sessions import Evictions, Session, SessionTable
 from edgespec.verify.eos import ending_ids, mask_eos
 from edgespec.verify.logprobs import TokenLogprob, token_logprobs
+from edgespec.control.capabilities import Capabilities
 from edgespec.verify.relaxed import WeightHead, committed_logprob, load_head, verify_relaxed
 from edgespec.verify.sampling import SamplingParams, SparseDist, check_params, verify_coupled, verify_sampling, warp
 from edgespec.verify.greedy import Verdict, verify_greedy
@@ -132,6 +133,11 @@ class VerifierEngine:
         """Bytes held by all sessions' KV caches (those being opened too)."""
         sessions = [*self._sessions.values(), *(o.session for o in self._opening.values())]
         return self.target.kv_bytes_per_token * sum(self.target.cached_length(s.kv) for s in sessions)
+
+    def capabilities(self) -> Capabilities:
+        """What it does beyond windows of a chain (its Info says so): every sampling mode, and token trees (so
+        cloud drafting too) where the backend scores them (the torch backend's tree_rows)."""
+        return replace(Capabilities.every(), token_trees=hasattr(self.target, "tree_rows"))
 
     def usage(self) -> Usage:
         store = getattr(self.target, "prefix_cache", None)

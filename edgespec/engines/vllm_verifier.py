@@ -18,7 +18,8 @@ without a window sit out the step.
 
 What this backend cannot do exactly, it refuses: coupled and relaxed sampling, min_tokens and log-probabilities
 (FAILED_PRECONDITION at open: the torch backend does them), token trees and cloud drafting (INVALID_ARGUMENT, as
-llama.cpp: the coordinator falls back to chains and edge drafting). Draft distributions (q) are accepted and not
+llama.cpp). Its Info says so (capabilities), and the coordinator plans sessions by it: such requests are refused
+before anything opens, and sessions run chains and edge drafting. Draft distributions (q) are accepted and not
 needed: the one-hot rule is lossless without them, at a lower acceptance than the rule with q. No per-token
 log-probabilities (Verdict.target_logprob is 0).
 """
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 from edgespec.errors import EdgespecError, FailedPrecondition, ResourceExhausted, Unavailable
+from edgespec.control.capabilities import Capabilities
 from edgespec.engines.limits import check_prefix, check_session_id
 from edgespec.engines.verifier import (REPLAY_MEMORY, VerifierEngine, VerifierLimits, WindowResult, _key, _Opening,
                                        _Session)
@@ -72,6 +74,10 @@ class VllmVerifierEngine(VerifierEngine):
                  clock: Callable[[], float] = time.monotonic):
         # vLLM manages its own KV pool (paged, shared prefixes, preemption): no budget of the engine's on top
         super().__init__(target, eos_ids, replace(limits, kv_budget_bytes=0), clock)
+
+    def capabilities(self) -> Capabilities:
+        """None of them: begin_open and the window checks refuse each (see the module doc)."""
+        return Capabilities()
 
     @property
     def kv_bytes(self) -> int:

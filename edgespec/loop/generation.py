@@ -17,6 +17,7 @@ EdgespecError; the service's interceptor turns them into statuses.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -25,12 +26,13 @@ from typing import AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from opentelemetry import trace
 
+from edgespec.control.capabilities import Capabilities
 from edgespec.control.categories import resolve_task
 from edgespec.control.router import Router, SessionRouting, request_features
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.policies import ADAPTIVE, window_policy
 from edgespec.control.window import WindowPolicy
-from edgespec.errors import EdgespecError, InvalidArgument, NotFound, Unavailable
+from edgespec.errors import EdgespecError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.routed_drafter import RoutedDrafter
@@ -49,6 +51,8 @@ log = logging.getLogger(__name__)
 
 AUTO_POLICIES = tuple(ADAPTIVE)   # the adaptive window policies a coordinator may run (edgespec.control.policies)
 ON_VERIFIER_LOSS = ("fail", "draft-only")
+INFO_RETRY_SECONDS = 5.0   # a verifier whose Info failed is asked again this long after, at a generation's start
+INFO_WAIT_SECONDS = 2.0    # how long a generation waits for the Infos of the rest of the pool after the first
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +162,10 @@ class TextStreamPort(Protocol):
 
 
 class VerifierInfo(Protocol):
+    model: str                     # the target's name
     vocab_size: int                # token ids the target accepts: [0, vocab_size)
     eos_token_ids: Sequence[int]   # tokens that end a generation
+    capabilities: object           # what it does beyond windows of a chain (Capabilities.of reads it)
 
 
 class FreeDrafter(Protocol):
@@ -210,6 +216,9 @@ class Generations:
         self.draft_costs: dict[str, tuple[float, float]] = {}
         self.throttle = LogThrottle()          # repeated warnings (no verifier) once per 30 s
         self._info: VerifierInfo | None = None # a verifier's vocabulary and EOS ids (cached)
+        self._infos: dict[str, VerifierInfo] = {}            # address -> its Info, once it answered
+        self._asking: dict[str, asyncio.Future] = {}         # address -> its Info call in progress
+        self._info_retry: dict[str, float] = {}              # address -> when to ask again after a failure
         self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
         self._placements: dict[str, object] = {}   # drafter name ("" = the verifier) -> its Info's Placement
         self._placed: tuple | None = None           # the (verifier, drafter) placements last compared
@@ -244,6 +253,7 @@ class Generations:
         # free drafts in adaptive windows: a fixed window asks for the drafter's k (and 0 for none at all)
         free = self.free_drafter.session() if self.free_drafter is not None and plan.window < 0 else None
         max_draft = min(config.max_window, getattr(self._info, "max_window", 0) or config.max_window)
+        tree_depth, cloud_draft = self._tree_plan(session_id)
         cutter = StopCutter(request.stop)
         kept = len(session.generated)      # generated tokens returned: all, or those up to a stop sequence
         log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(plan.prompt),
@@ -259,8 +269,8 @@ class Generations:
             rounds = speculate(session, session_id, drafter, self.verifier, policy, params,
                                pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
                                max_unverified=config.max_unverified, telemetry=telemetry,
-                               metrics=self.metrics, max_draft=max_draft, tree_depth=config.tree_depth,
-                               cloud_draft=config.cloud_draft, free=free)
+                               metrics=self.metrics, max_draft=max_draft, tree_depth=tree_depth,
+                               cloud_draft=cloud_draft, free=free)
             async with contextlib.aclosing(rounds):   # a stop sequence ends the rounds early (in-flight ones too)
                 async for chunk in rounds:
                     if chunk.unverified:
@@ -370,6 +380,12 @@ class Generations:
         if request.min_tokens:   # EOS masked at the positions of the first min_tokens generated tokens
             params = replace(params, min_length=len(prompt) + request.min_tokens)
         info = await self._verifier_info()
+        for address, other in self._infos.items():   # a session may move to any of them: each must do it all
+            lacking = Capabilities.of(other.capabilities).lacks(params)
+            if lacking:
+                raise FailedPrecondition(f"verifier {address} ({other.model}) does not do {lacking}, and a session "
+                                         "may move to any verifier of the pool: serve it from verifiers that do "
+                                         "(--backend torch does all)")
         eos_ids = ending_ids(params, info.eos_token_ids)
         resume = list(request.resume)
         for i, token in enumerate(resume):
@@ -441,22 +457,55 @@ class Generations:
                      else "drafting takes no verifier time")
 
     async def _verifier_info(self) -> VerifierInfo:
-        """Vocabulary and EOS ids, from the first verifier that answers (cached)."""
+        """Vocabulary and EOS ids, from the first verifier that answered Info (cached). On the way, every verifier
+        of the pool not heard from yet is asked for its Info (one that failed, again INFO_RETRY_SECONDS later): what
+        all of them do settles each session's plan (_validate, _tree_plan). Waits for the first answer, then up to
+        INFO_WAIT_SECONDS for the others; later answers arrive in the background."""
+        now = time.monotonic()
+        for address in self.verifier.pool.endpoints:
+            if address not in self._infos and address not in self._asking and self._info_retry.get(address, 0) <= now:
+                self._asking[address] = asyncio.ensure_future(self._ask_info(address))
+        pending = set(self._asking.values())
+        while pending and self._info is None:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if pending:
+            await asyncio.wait(pending, timeout=INFO_WAIT_SECONDS)
         if self._info is None:
-            for address in self.verifier.pool.endpoints:
-                try:
-                    self._info = await self.verifier.endpoints[address].info()
-                    # its forward time by tokens fed, measured at its start: the cost of windows not sent yet
-                    profile = getattr(self._info, "forward_seconds", ())
-                    self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
-                    self.verifier_placement(self._info)
-                    break
-                except EdgespecError as error:
-                    self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s",
-                                      address, error)
-            else:
-                raise Unavailable("no verifier answered Info")
+            raise Unavailable("no verifier answered Info")
         return self._info
+
+    async def _ask_info(self, address: str) -> None:
+        try:
+            info = await self.verifier.endpoints[address].info()
+        except EdgespecError as error:
+            self._info_retry[address] = time.monotonic() + INFO_RETRY_SECONDS
+            self.throttle.log(log, logging.WARNING, f"info {address}", "verifier %s: Info failed: %s", address, error)
+            return
+        finally:
+            self._asking.pop(address, None)
+        self._infos[address] = info
+        log.info("verifier %s: %s", address, Capabilities.of(info.capabilities))
+        if self._info is None:
+            self._info = info
+            # its forward time by tokens fed, measured at its start: the cost of windows not sent yet
+            profile = getattr(info, "forward_seconds", ())
+            self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
+            self.verifier_placement(info)
+
+    def _tree_plan(self, session_id: str) -> tuple[int, str]:
+        """(tree depth, cloud drafting) of a session opening now: as configured where every verifier of the pool
+        scores token trees by its Info, else chains and edge drafting (a verifier not heard from counts as one
+        that does not: the session may move to it)."""
+        config = self.config
+        if not config.tree_depth and config.cloud_draft == "off":
+            return config.tree_depth, config.cloud_draft
+        lacking = [a for a in self.verifier.pool.endpoints
+                   if a not in self._infos or not Capabilities.of(self._infos[a].capabilities).token_trees]
+        if not lacking:
+            return config.tree_depth, config.cloud_draft
+        log.info("session %s: chains and edge drafting only: verifier %s %s", session_id, lacking[0],
+                 "does not score token trees" if lacking[0] in self._infos else "has not answered Info yet")
+        return 0, "off"
 
     def _drafter_for(self, session_id: str, prompt: str, telemetry: Telemetry) -> DrafterPort:
         """The drafter port of one generation: the only drafter, or the router's pick."""

@@ -123,11 +123,12 @@ class Rounds:
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
         self.policy, self.params = policy, params
         self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
-        # token trees: lossless sessions whose drafter port drafts them (turned off for good on the first refusal)
+        # token trees: lossless sessions whose drafter port drafts them. Whether the verifiers score trees is settled
+        # before (Generations._tree_plan, from their Infos): one that does not refuses a tree window (InvalidArgument).
         lossless = not params.relaxation.lossy
         self.tree_depth = tree_depth if lossless and hasattr(drafter, "draft_tree") else 0
-        # cloud drafting (PTD on the verifier): "on" every round, "fallback" while the drafter is down
-        # (turned off for good when the verifier refuses it)
+        # cloud drafting (PTD on the verifier): "on" every round, "fallback" while the drafter is down (settled
+        # before, as trees are: it needs a verifier that scores trees)
         if cloud_draft not in CLOUD_DRAFT_MODES:
             raise ValueError(f"cloud_draft must be one of {CLOUD_DRAFT_MODES}, got {cloud_draft!r}")
         self.cloud_draft = cloud_draft if lossless else "off"
@@ -209,28 +210,7 @@ class Rounds:
         """Send ``window`` to the verifier port, in a "verify" span (the port carries its context to the verifier)."""
         with tracer().start_as_current_span("verify", kind=SpanKind.CLIENT,
                                             attributes={"edgespec.window_seq": window.seq}) as span:
-            try:
-                verdict = await self.verifier.verify(self.session_id, window)
-            except InvalidArgument as error:
-                if window.self_draft:
-                    # The verifier does not draft for itself (its backend, or this session's decoding): plain
-                    # rounds where cloud drafting would have been, from now on.
-                    log.warning("session %s: the verifier refused to draft for itself (%s); cloud drafting off",
-                                self.session_id, error)
-                    self.cloud_draft = "off"
-                    return await self.verify(Window(window.seq, window.base_position, (), (),
-                                                    window.params_fingerprint))
-                if not window.parents:
-                    raise
-                # The verifier does not score trees (its backend, or this session's decoding): chains from now
-                # on, and this window's main chain (its first tokens) now. Its verdict's n counts chain tokens.
-                log.warning("session %s: the verifier refused a token tree (%s); chains from now on",
-                            self.session_id, error)
-                self.tree_depth = 0
-                chain = next((i for i, p in enumerate(window.parents) if p != i - 1), len(window.parents))
-                verdict = await self.verifier.verify(self.session_id, Window(
-                    window.seq, window.base_position, window.draft[:chain], window.q[:chain],
-                    window.params_fingerprint, window.parent))
+            verdict = await self.verifier.verify(self.session_id, window)
             if verdict is None:
                 span.set_attribute("edgespec.discarded", True)
             else:

@@ -4,8 +4,10 @@ Protobuf types stop here: everything past this module sees core dataclasses.
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Iterable, Sequence
 
+from edgespec.control.capabilities import Capabilities
 from edgespec.verify.logprobs import TokenLogprob
 from edgespec.verify.sampling import RELAXED_METHODS, Relaxation, SamplingParams, SparseDist
 from edgespec.verify.sampling import float32_decimal as meant
@@ -74,3 +76,8 @@ def window_from_pb(msg: verifier_pb2.Window) -> Window:
     return Window(msg.window_seq, msg.base_position, tuple(msg.draft_tokens), tuple(dists_from_pb(msg.draft_probs)),
                   msg.params_fingerprint, msg.parent_token if msg.optimistic else None, tuple(msg.draft_parents),
                   msg.self_draft, msg.steps)
+
+
+def capabilities_to_pb(capabilities: Capabilities) -> verifier_pb2.Capabilities:
+    return verifier_pb2.Capabilities(**{f.name: getattr(capabilities, f.name) for f in fields(capabilities)})
+

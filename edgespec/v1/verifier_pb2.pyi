@@ -12,7 +12,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_window", "max_session_tokens", "device", "dtype", "forward_seconds", "placement")
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_window", "max_session_tokens", "device", "dtype", "forward_seconds", "placement", "capabilities")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class InfoResponse(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     FORWARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -31,7 +32,22 @@ class InfoResponse(_message.Message):
     dtype: str
     forward_seconds: _containers.RepeatedScalarFieldContainer[float]
     placement: _common_pb2.Placement
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_window: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., forward_seconds: _Optional[_Iterable[float]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ...) -> None: ...
+    capabilities: Capabilities
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_window: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., forward_seconds: _Optional[_Iterable[float]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ...) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("token_trees", "coupled", "relaxed", "min_tokens", "logprobs")
+    TOKEN_TREES_FIELD_NUMBER: _ClassVar[int]
+    COUPLED_FIELD_NUMBER: _ClassVar[int]
+    RELAXED_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_trees: bool
+    coupled: bool
+    relaxed: bool
+    min_tokens: bool
+    logprobs: bool
+    def __init__(self, token_trees: _Optional[bool] = ..., coupled: _Optional[bool] = ..., relaxed: _Optional[bool] = ..., min_tokens: _Optional[bool] = ..., logprobs: _Optional[bool] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "sampling")

@@ -21,7 +21,7 @@ from edgespec.observe.metrics import VerifierMetrics
 from edgespec.net import placement
 from edgespec.net.security import SessionOwners
 from edgespec.v1 import verifier_pb2 as pb
-from edgespec.net.wire import logprobs_to_pb, params_from_pb, window_from_pb
+from edgespec.net.wire import capabilities_to_pb, logprobs_to_pb, params_from_pb, window_from_pb
 from edgespec.v1 import verifier_pb2_grpc
 from edgespec.engines.verifier import Usage, VerifierEngine
 from edgespec.engines.worker import ModelWorker
@@ -45,7 +45,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.info = pb.InfoResponse(model=model, vocab_size=engine.target.vocab_size,
                                     eos_token_ids=sorted(engine.eos_ids), max_window=engine.limits.max_window,
                                     max_session_tokens=engine.limits.max_session_tokens, device=device, dtype=dtype,
-                                    forward_seconds=forward_seconds, placement=placement.here())
+                                    forward_seconds=forward_seconds, placement=placement.here(),
+                                    capabilities=capabilities_to_pb(engine.capabilities()))
 
     async def Info(self, request, context):
         return self.info

@@ -48,10 +48,11 @@ def test_sampled_and_coupled_tree_windows_over_grpc(tmp_path):
         first, stats = collect(address, prompt, 32, 3, temperature=0.9, seed=11)
         assert stats.verification == "lossless-sampling" and stats.drafted_tokens > 3 * stats.rounds
         assert collect(address, prompt, 32, 3, temperature=0.9, seed=11)[0] == first
-        assert "refused a token tree" not in cluster.coordinator.log_path.read_text()
+        assert "chains and edge drafting only" not in cluster.coordinator.log_path.read_text()
 
 
 def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchanged(tmp_path):
+    """A llama.cpp verifier's Info says it scores no trees: the coordinator plans chains before the first window."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
     llama = ["--backend", "llamacpp", "--model", "smollm2", "--threads", "1", "--ctx-tokens", "2048",
              "--max-sequences", "4"]
@@ -61,8 +62,9 @@ def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchan
         prompt = "What is the capital of France?"
         reference, _ = collect(cluster.coordinator.address, prompt, 24, 0, chat=True)
         tokens, stats = collect(cluster.coordinator.address, prompt, 24, 3, chat=True)
-        assert tokens == reference and stats.drafted_tokens > 0
-        assert "refused a token tree" in cluster.coordinator.log_path.read_text()
+        assert tokens == reference and 0 < stats.drafted_tokens <= 3 * stats.rounds    # chains
+        log = cluster.coordinator.log_path.read_text()   # settled from its Info when the session opened
+        assert "does not score token trees" in log and "chains and edge drafting only" in log
 
 
 REPETITIVE = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor"

@@ -32,13 +32,8 @@ def target_alone(max_new: int, min_tokens: int = 0, ignore_eos: bool = False) ->
     return target_only_greedy_eos(TARGET, tuple(PROMPT.encode()), max_new, min_tokens, ignore_eos)
 
 
-class Endpoint(InProcessVerifier):
-    async def info(self):
-        return SimpleNamespace(vocab_size=tiny(TARGET).vocab_size, eos_token_ids=[TINY_EOS])
-
-
 def generate(request: GenerationRequest, window: int = 3) -> tuple[list[int], str, GenerationStats]:
-    endpoint = Endpoint(VerifierEngine(tiny(TARGET), [TINY_EOS]))
+    endpoint = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
     gen = Generations(GenerationConfig(default_window=window, max_window=8, max_new_tokens=64), tokenizer,

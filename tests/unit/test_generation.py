@@ -52,9 +52,6 @@ class Endpoint(InProcessVerifier):
         super().__init__(engine, address)
         self.opened = []
 
-    async def info(self):
-        return SimpleNamespace(vocab_size=tiny(TARGET).vocab_size, eos_token_ids=[TINY_EOS])
-
     async def open(self, session_id, tokens, params=None):
         self.opened.append(params)
         await super().open(session_id, tokens, params)
@@ -139,8 +136,7 @@ def test_a_per_task_weight_is_resolved_and_read_as_the_peers_read_it():
 def test_the_verifiers_forward_profile_becomes_the_coordinators_cost_of_untried_windows():
     class Profiled(Endpoint):
         async def info(self):
-            return SimpleNamespace(vocab_size=tiny(TARGET).vocab_size, eos_token_ids=[TINY_EOS],
-                                   forward_seconds=[0.01, 0.03, 0.05, 0.02])
+            return SimpleNamespace(**vars(await super().info()), forward_seconds=[0.01, 0.03, 0.05, 0.02])
 
     gen, _ = generations()
     endpoint = Profiled(VerifierEngine(tiny(TARGET), [TINY_EOS]))

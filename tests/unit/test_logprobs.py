@@ -2,7 +2,6 @@
 alternatives, whatever the windows (chains, target-only steps, token trees, pipelining), greedy or sampled,
 checked against the target run alone over the same text."""
 import asyncio
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -46,13 +45,8 @@ def assert_target_logprobs(tokens: list[int], entries) -> None:
         assert [lp for _, lp in entry.top] == pytest.approx(values.tolist(), abs=1e-4)
 
 
-class Endpoint(InProcessVerifier):
-    async def info(self):
-        return SimpleNamespace(vocab_size=tiny(TARGET).vocab_size, eos_token_ids=[TINY_EOS])
-
-
 def generate(request: GenerationRequest, **config):
-    endpoint = Endpoint(VerifierEngine(tiny(TARGET), [TINY_EOS]))
+    endpoint = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
     gen = Generations(GenerationConfig(max_window=8, max_new_tokens=64, **config), tokenizer,

@@ -19,7 +19,7 @@ from edgespec.loop.speculation import speculate
 from edgespec.verify.sampling import Relaxation, SamplingParams
 from edgespec.verify.tree import ROOT
 from tests.stats import chi2_critical, chi_square_gof
-from tests.tiny import engine_target_only, target_only_coupled, target_only_greedy, tiny
+from tests.tiny import target_only_coupled, target_only_greedy, tiny
 from tests.unit.test_sampling_engines import PARAMS, exact_first_two
 
 TARGET = "tiny:3"
@@ -168,7 +168,9 @@ def test_cloud_drafted_coupled_sampling_is_target_only_coupled_sampling():
         assert log.generated == target_only_coupled(TARGET, PROMPT, 40, params), seed
 
 
-def test_a_verifier_that_cannot_draft_for_itself_refuses_and_the_session_goes_on():
+def test_a_verifier_that_cannot_draft_for_itself_refuses_and_changes_nothing():
+    """Cloud drafting is planned only where every verifier scores trees (tests/unit/test_capabilities.py); a
+    self-drafted window sent to one that does not is refused by the engine's guard, the session unchanged."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
     from edgespec.backends import llamacpp
 
@@ -184,7 +186,8 @@ def test_a_verifier_that_cannot_draft_for_itself_refuses_and_the_session_goes_on
                                      cloud_draft="on"):
                 pass
 
-        asyncio.run(go())
-        assert log.generated == engine_target_only(lm, prompt, new) and log.stats.accepted == 0
+        with pytest.raises(InvalidArgument, match="draft for itself"):
+            asyncio.run(go())
+        assert log.generated == [] and engine.committed("s") == prompt
     finally:
         lm.close()

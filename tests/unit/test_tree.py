@@ -118,7 +118,7 @@ from edgespec.errors import InvalidArgument  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
 from edgespec.loop.speculation import speculate  # noqa: E402
 from edgespec.verify.sampling import Relaxation, SamplingParams  # noqa: E402
-from tests.tiny import engine_target_only, target_only_greedy, tiny  # noqa: E402
+from tests.tiny import target_only_greedy, tiny  # noqa: E402
 
 
 RELAXED = SamplingParams(temperature=0.8, seed=1, relaxation=Relaxation("cospec", margin=1.0))
@@ -193,28 +193,6 @@ def test_a_relaxed_session_or_a_bad_tree_is_refused_and_changes_nothing():
     result = verifier.verify("s", len(PROMPT), [5, 6, 7], parents=[ROOT, 0, ROOT])
     again = verifier.verify("s", len(PROMPT), [5, 6, 7], parents=[ROOT, 0, ROOT])     # a replay
     assert again == result and verifier.committed("s") == PROMPT + result.verdict.committed([5, 6, 7])
-
-
-def test_the_round_loop_falls_back_to_chains_when_the_verifier_refuses_trees():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
-    from edgespec.backends import llamacpp
-
-    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=2048, max_sequences=4)
-    try:
-        prompt, new = list(range(100, 130)), 16
-        verifier, drafter = VerifierEngine(lm, lm.eos_ids()), DrafterEngine(lm)
-        port = RecordingVerifier(verifier)
-        log = SessionLog(prompt, new, frozenset(lm.eos_ids()))
-
-        async def go():
-            verifier.open("s", prompt)
-            async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=2):
-                pass
-
-        asyncio.run(go())
-        assert log.generated == engine_target_only(lm, prompt, new) and not any(w.parents for w, _ in port.seen)
-    finally:
-        lm.close()
 
 
 def test_the_coordinators_tree_depth_flag(monkeypatch, capsys):
