@@ -461,13 +461,15 @@ class Generations:
         of the pool not heard from yet is asked for its Info (one that failed, again INFO_RETRY_SECONDS later): what
         all of them do settles each session's plan (_validate, _tree_plan). Waits for the first answer, then up to
         INFO_WAIT_SECONDS for the others; later answers arrive in the background."""
-        now = time.monotonic()
+        now, asked = time.monotonic(), set()
         for address in self.verifier.pool.endpoints:
             if address not in self._infos and address not in self._asking and self._info_retry.get(address, 0) <= now:
                 self._asking[address] = asyncio.ensure_future(self._ask_info(address))
+                asked.add(self._asking[address])
         pending = set(self._asking.values())
         while pending and self._info is None:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        pending &= asked    # a call an earlier generation started (a verifier slow to answer) holds up no other
         if pending:
             await asyncio.wait(pending, timeout=INFO_WAIT_SECONDS)
         if self._info is None:
