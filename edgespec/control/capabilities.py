@@ -1,10 +1,10 @@
 """What a verifier can do beyond plain windows of a chain: its Info reports it, and the coordinator settles each
 session's plan from it when the session opens (edgespec.loop.generation), instead of finding out mid-session.
 
-A session may fail over to any verifier of the pool, so its plan is what every verifier of the pool does: the
-capabilities of their Infos combined with ``&``. A verifier whose Info has not answered yet does none of the
-speed features (token trees, cloud drafting) for the plan, and is not asked about sampling modes (it may never
-serve). The engines keep their own checks as guards: a window or a session they cannot do is refused.
+A session may fail over to any verifier of the pool, so its plan is what every verifier of the pool does, each
+verifier's Info checked in turn (so that a refusal names the one that cannot). A verifier whose Info has not
+answered yet does none of the speed features (token trees, cloud drafting) for the plan, and is not asked about
+sampling modes (it may never serve). The engines keep their own checks as guards: a window or a session they cannot do is refused.
 """
 from __future__ import annotations
 
@@ -29,9 +29,6 @@ class Capabilities:
     def of(cls, message: object) -> "Capabilities":
         """From anything with these fields: a verifier Info's capabilities message (all false when it is absent)."""
         return cls(**{f.name: bool(getattr(message, f.name, False)) for f in fields(cls)})
-
-    def __and__(self, other: "Capabilities") -> "Capabilities":
-        return Capabilities(**{f.name: getattr(self, f.name) and getattr(other, f.name) for f in fields(self)})
 
     def lacks(self, params: SamplingParams) -> str | None:
         """What of a session's decoding (``params``, min_tokens as their min_length) these cannot do, in words;

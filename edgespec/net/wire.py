@@ -80,4 +80,3 @@ def window_from_pb(msg: verifier_pb2.Window) -> Window:
 
 def capabilities_to_pb(capabilities: Capabilities) -> verifier_pb2.Capabilities:
     return verifier_pb2.Capabilities(**{f.name: getattr(capabilities, f.name) for f in fields(capabilities)})
-
