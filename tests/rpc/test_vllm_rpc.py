@@ -62,8 +62,10 @@ def test_greedy_over_grpc_on_vllm_equals_vllm_target_only(tmp_path, references):
             for prompt, expected in zip(PROMPTS, references):
                 tokens, stats = collect(cluster.coordinator.address, prompt, window)
                 assert tokens == expected, (prompt, window)
-                if window:
+                if window > 0:
                     assert stats.accepted_tokens > 0     # the same model drafts: most windows hold
+                # window -1 drafts what the measured costs say pays (free drafts, maybe no model draft at all):
+                # its text is checked, not how much it drafted (CI saw 8 free-draft tokens, none accepted, 0 model)
         log = cluster.verifier.log_path.read_text(errors="replace")
         assert "vLLM on cpu" in log and "forward cost by tokens fed" in log
     # trees and cloud drafting: this backend's Info says it does neither, and the coordinator plans chains
