@@ -18,6 +18,7 @@ from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
 from edgespec.errors import EdgespecError
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.session import RoundStats, SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.verify.greedy import Verdict
@@ -131,8 +132,8 @@ class Device:
         began = time.perf_counter()
         try:
             async for _ in speculate(self.session, self.session_id, drafter, verifier, policy, GREEDY,
-                                     pipeline=pipeline, telemetry=telemetry, metrics=sink, max_draft=MAX_DRAFT,
-                                     target_steps=1):
+                                     SpeculationConfig(pipeline=pipeline, max_window=MAX_DRAFT, target_steps=1),
+                                     telemetry=telemetry, metrics=sink):
                 pass
         finally:
             # End the verify stream now, as a coordinator's finished generation does: the verifier waits for the

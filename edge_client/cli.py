@@ -177,6 +177,9 @@ async def _generate(args) -> int:
                 unverified = chunk.unverified
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+            elif event.HasField("plan"):   # how the session speculates; said where the coordinator turned off a part
+                for note in event.plan.notes:
+                    sys.stderr.write(f"[{note}]\n")
             else:
                 print(file=sys.stdout)
                 print(format_stats(event.stats), file=sys.stderr)

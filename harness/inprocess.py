@@ -20,6 +20,10 @@ class InProcessDrafter:
         self.engine = engine
         self.q_ids = q_ids
 
+    async def info(self) -> SimpleNamespace:
+        """What the engine's Info says through the drafter service: its largest window and capabilities."""
+        return SimpleNamespace(max_window=self.engine.limits.max_window, capabilities=self.engine.capabilities())
+
     async def open(self, session_id, tokens, params=None):
         self.engine.open(session_id, tokens, *([params, self.q_ids] if params else []))
 

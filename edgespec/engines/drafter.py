@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from edgespec.control.capabilities import Capabilities
 from edgespec.errors import Aborted, InvalidArgument, NotFound
 from edgespec.engines.limits import check_prefix, check_session_id, check_token_ids
 from edgespec.engines.sessions import Evictions, Session, SessionTable
@@ -92,6 +93,10 @@ class DrafterEngine:
         del session.committed[position:]
         session.last_used = self.clock()
         return position
+
+    def capabilities(self) -> Capabilities:
+        """What it does beyond drafting chains (its Info says so): token trees where the backend drafts them."""
+        return Capabilities(token_trees=hasattr(self.model, "tree_draft"))
 
     def draft(self, session_id: str, base_position: int, append: Sequence[int], k: int,
               tree_depth: int = 0) -> Proposal:

@@ -30,13 +30,14 @@ from edgespec.control.capabilities import Capabilities
 from edgespec.control.categories import resolve_task
 from edgespec.control.router import Router, SessionRouting, request_features
 from edgespec.control.telemetry import Telemetry
-from edgespec.control.policies import ADAPTIVE, window_policy
+from edgespec.control.policies import window_policy
 from edgespec.control.window import WindowPolicy
 from edgespec.errors import EdgespecError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from edgespec.loop.chat import ChatMessage, check_messages, plain_transcript, prompt_text
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.routed_drafter import RoutedDrafter
-from edgespec.loop.rounds import CLOUD_DRAFT_MODES, DrafterPort, FreeDraftSession
+from edgespec.loop.rounds import DrafterPort, FreeDraftSession
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.loop.stops import StopCutter, check_stops
@@ -49,45 +50,24 @@ from edgespec.verify.sampling import SamplingParams, as_float32, check_params
 
 log = logging.getLogger(__name__)
 
-AUTO_POLICIES = tuple(ADAPTIVE)   # the adaptive window policies a coordinator may run (edgespec.control.policies)
-ON_VERIFIER_LOSS = ("fail", "draft-only")
 INFO_RETRY_SECONDS = 5.0   # a verifier whose Info failed is asked again this long after, at a generation's start
 INFO_WAIT_SECONDS = 2.0    # how long a generation waits for the Infos of the rest of the pool after the first
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationConfig:
     """The coordinator's generation settings (its flags; the defaults are theirs)."""
-    default_window: int = -1       # window of a request asking for -1, tokens: -1 = adaptive, 0 = target-only
-    max_window: int = 16           # largest window a request may ask for, and the most one draft call asks for, tokens
     max_new_tokens: int = 2048     # largest max_new_tokens a request may ask for, tokens
     max_prompt_tokens: int = 4096  # largest prompt after templating, tokens
-    auto_max_window: int = 4       # largest window the adaptive policy considers, tokens
-    auto_policy: str = "goodput"   # adaptive policy: "goodput" | "heuristic" (+2 / -1) | "awc" (learned)
-    pipeline: bool = False         # draft the next window while one is in flight and send it as an optimistic window
-    on_verifier_loss: str = "fail" # no verifier reachable: "fail" (Unavailable) | "draft-only" (unverified tokens)
-    max_unverified: int = 256      # draft-only: unverified tokens allowed ahead of the verified ones, tokens
-    tree_depth: int = 0            # lossless, blocking rounds: token trees with runner-ups at this many depths (0 = chains, -1 = auto)
-    cloud_draft: str = "off"       # lossless, blocking rounds: the verifier drafts for itself (PTD): "off" | "fallback"
-                                   # (while the edge drafter is down) | "on" (every round)
-
-    def __post_init__(self):
-        if self.auto_policy not in AUTO_POLICIES:
-            raise ValueError(f"auto_policy must be one of {', '.join(AUTO_POLICIES)}, got {self.auto_policy!r}")
-        if self.cloud_draft not in CLOUD_DRAFT_MODES:
-            raise ValueError(f"cloud_draft must be one of {', '.join(CLOUD_DRAFT_MODES)}, got {self.cloud_draft!r}")
-        if not -1 <= self.tree_depth <= 4:
-            raise ValueError(f"tree_depth must be in 0..4 or -1 (auto), got {self.tree_depth}")
-        if self.on_verifier_loss not in ON_VERIFIER_LOSS:
-            raise ValueError(f"on_verifier_loss must be one of {', '.join(ON_VERIFIER_LOSS)}, "
-                             f"got {self.on_verifier_loss!r}")
+    speculation: SpeculationConfig = SpeculationConfig()   # how sessions speculate: its window is that of a
+                                   # request asking for -1, its max_window the largest a request may ask for
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     prompt: str                    # user text; must not be empty after stripping whitespace
     max_new_tokens: int            # tokens to generate, resumed ones included: 1..GenerationConfig.max_new_tokens
-    window: int = -1               # draft window, tokens: 0 = target-only, -1 = GenerationConfig.default_window
+    window: int = -1               # draft window, tokens: 0 = target-only, -1 = the coordinator's (its config's)
     chat: bool = False             # wrap the prompt in the model's chat template (one user turn)
     params: SamplingParams = SamplingParams()   # as asked (checked here); the seed is already chosen
     resume: tuple[int, ...] = ()   # token ids an earlier, interrupted call committed; taken as committed
@@ -182,9 +162,9 @@ class SlotsPort(Protocol):
 
 
 @dataclass(slots=True)
-class _Plan:
+class _Checked:
     """A validated request."""
-    window: int                    # tokens; -1 = adaptive
+    window: int                    # tokens, as asked: -1 = the coordinator's
     params: SamplingParams         # checked, per-task weight resolved, floats as the wire carries them
     prompt: list[int]              # token ids, templated
     eos_ids: frozenset[int]        # the tokens that end this generation (none with ignore_eos)
@@ -221,26 +201,27 @@ class Generations:
         self._info_retry: dict[str, float] = {}              # address -> when to ask again after a failure
         self._head: WeightHead | None = None   # relaxed verification: the per-task weights, loaded on first use
         self._placements: dict[str, object] = {}   # drafter name ("" = the verifier) -> its Info's Placement
+        self._drafter_trees: dict[str, bool] = {}   # drafter name -> whether it drafts token trees, by its Info
+        self._drafter_retry: dict[str, float] = {}  # drafter name -> when to ask its Info again after a failure
         self._placed: tuple | None = None           # the (verifier, drafter) placements last compared
 
-    async def run(self, session_id: str, request: GenerationRequest) -> AsyncIterator[TextChunk | GenerationStats]:
-        """Validate, take a slot of the calling client, open, speculate; yield each round's text, then the stats.
+    async def run(self, session_id: str, request: GenerationRequest
+                  ) -> AsyncIterator[SpeculationConfig | TextChunk | GenerationStats]:
+        """Validate, take a slot of the calling client, settle the plan, open, speculate; yield the plan (the settled
+        SpeculationConfig), each round's text, then the stats.
         Raises InvalidArgument (the request), ResourceExhausted (the client's slots), Unavailable (no verifier)."""
-        plan = await self._validate(request)
+        checked = await self._validate(request)
         if self.slots is not None:
             self.slots.claim(session_id)   # a generation slot of this client (or service)
-        config, params = self.config, plan.params
-        session = SessionLog(plan.prompt, request.max_new_tokens, plan.eos_ids, generated=plan.resume)
+        params = checked.params
+        session = SessionLog(checked.prompt, request.max_new_tokens, checked.eos_ids, generated=checked.resume)
         text = self.text_stream()
-        text.push(plan.resume)       # context for decoding what follows; the client has this text
+        text.push(checked.resume)    # context for decoding what follows; the client has this text
         unverified_text: TextStreamPort | None = None
         started = time.perf_counter()
         telemetry = Telemetry()
         telemetry.start_from(self.costs)   # start from what earlier sessions measured and accepted
         telemetry.expect_company(self.running)
-        policy = self._policy(plan.window, telemetry)
-        drafting = plan.window != 0
-        pipelined = config.pipeline and drafting
         drafter = self._drafter_for(session_id, request.text, telemetry)
         own_costs = self.draft_costs.get(next(iter(self.drafters))) if self.router is None else None
         if own_costs is not None:
@@ -250,27 +231,27 @@ class Generations:
             if telemetry.draft_per_token is None:
                 telemetry.draft_per_token = draft
             telemetry.draft_prefill_per_token = prefill
-        # free drafts in adaptive windows: a fixed window asks for the drafter's k (and 0 for none at all)
-        free = self.free_drafter.session() if self.free_drafter is not None and plan.window < 0 else None
-        max_draft = min(config.max_window, getattr(self._info, "max_window", 0) or config.max_window)
-        tree_depth, cloud_draft = self._tree_plan(session_id)
         cutter = StopCutter(request.stop)
         kept = len(session.generated)      # generated tokens returned: all, or those up to a stop sequence
-        log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s", session_id, len(plan.prompt),
-                 request.max_new_tokens, f" (resuming after {len(plan.resume)})" if plan.resume else "",
-                 "auto" if plan.window < 0 else plan.window, "greedy" if params.greedy else params,
-                 ", pipelined" if config.pipeline else "")
         self.running += 1
+        plan: SpeculationConfig | None = None
+        free = None
         try:
+            plan = await self._settle(checked)
+            policy = self._policy(plan, telemetry)
+            # free drafts in adaptive windows: a fixed window asks for the drafter's k (and 0 for none at all)
+            free = self.free_drafter.session() if plan.free_drafts and self.free_drafter is not None else None
+            log.info("session %s: %d prompt tokens, max %d new%s, window %s, %s%s%s", session_id, len(checked.prompt),
+                     request.max_new_tokens, f" (resuming after {len(checked.resume)})" if checked.resume else "",
+                     "auto" if plan.window < 0 else plan.window, "greedy" if params.greedy else params,
+                     ", pipelined" if plan.pipeline else "", "".join(f"; {note}" for note in plan.notes))
+            yield plan   # the client's, before the first token
             # The drafter opens on the first draft, after this: prefilling both at once
             # oversubscribes the cores (measured on 2 cores: 1.0-1.8 s together vs 0.75 s in turn).
             await self.verifier.open(session_id, session.committed, params)
             prefill = time.perf_counter() - started
-            rounds = speculate(session, session_id, drafter, self.verifier, policy, params,
-                               pipeline=pipelined, on_verifier_loss=config.on_verifier_loss,
-                               max_unverified=config.max_unverified, telemetry=telemetry,
-                               metrics=self.metrics, max_draft=max_draft, tree_depth=tree_depth,
-                               cloud_draft=cloud_draft, free=free)
+            rounds = speculate(session, session_id, drafter, self.verifier, policy, params, plan,
+                               telemetry=telemetry, metrics=self.metrics, free=free)
             async with contextlib.aclosing(rounds):   # a stop sequence ends the rounds early (in-flight ones too)
                 async for chunk in rounds:
                     if chunk.unverified:
@@ -306,7 +287,7 @@ class Generations:
                 self.free_drafter.absorb(free)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
-            await self._close(session_id, drafter, drafting)
+            await self._close(session_id, drafter, plan is not None and plan.window != 0)
         tail = cutter.push(text.flush(), armed=kept > request.min_tokens) + cutter.flush() \
             if session.unverified == 0 else ""
         if tail:
@@ -324,18 +305,18 @@ class Generations:
                  1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
         self.metrics.generation(finish_reason, new, seconds - prefill)
         trace.get_current_span().set_attributes({   # the service's span of this call
-            "edgespec.prompt_tokens": len(plan.prompt), "edgespec.new_tokens": new,
-            "edgespec.loop.rounds": rounds.rounds, "edgespec.window_policy": self._policy_label(plan.window),
+            "edgespec.prompt_tokens": len(checked.prompt), "edgespec.new_tokens": new,
+            "edgespec.loop.rounds": rounds.rounds, "edgespec.window_policy": self._policy_label(plan),
             "edgespec.acceptance": rounds.acceptance_rate, "edgespec.finish_reason": finish_reason,
             "edgespec.verifier": served_by, "edgespec.failovers": failover.failovers})
         yield GenerationStats(
-            prompt_tokens=len(plan.prompt), new_tokens=new, rounds=rounds.rounds, drafted_tokens=rounds.drafted,
+            prompt_tokens=len(checked.prompt), new_tokens=new, rounds=rounds.rounds, drafted_tokens=rounds.drafted,
             accepted_tokens=rounds.accepted, acceptance_rate=rounds.acceptance_rate,
             mean_accepted_length=rounds.mean_accepted_length, seconds=seconds, tokens_per_second=new / seconds,
             draft_seconds=rounds.draft_seconds, verify_wall_seconds=rounds.verify_wall_seconds,
             finish_reason=finish_reason, verifier=served_by, prefill_seconds=prefill,
             seed=params.seed, verification=verification_label(params), failovers=failover.failovers,
-            recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified, pipelined=pipelined,
+            recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified, pipelined=plan.pipeline,
             optimistic_windows=rounds.optimistic_windows, optimistic_hits=rounds.optimistic_hits,
             target_logprob=rounds.target_logprob / len(session.generated) if session.generated else 0.0,
             lossy=params.relaxation.lossy,
@@ -344,7 +325,7 @@ class Generations:
             accepted_at_depth=list(rounds.accepted_at_depth), free_rounds=rounds.free_rounds,
             free_drafted_tokens=rounds.free_drafted, free_accepted_tokens=rounds.free_accepted)
 
-    async def _validate(self, request: GenerationRequest) -> _Plan:
+    async def _validate(self, request: GenerationRequest) -> _Checked:
         config = self.config
         if request.messages:
             if request.prompt:
@@ -362,8 +343,8 @@ class Generations:
         if not 0 <= request.min_tokens <= request.max_new_tokens:
             raise InvalidArgument("min_tokens", f"must be in 0..max_new_tokens ({request.max_new_tokens}), "
                                   f"got {request.min_tokens}")
-        if not -1 <= request.window <= config.max_window:
-            raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{config.max_window}, "
+        if not -1 <= request.window <= config.speculation.max_window:
+            raise InvalidArgument("window", f"must be -1 (coordinator default) or 0..{config.speculation.max_window}, "
                                   f"got {request.window}")
         params = request.params
         check_params(params)
@@ -395,8 +376,7 @@ class Generations:
         if len(resume) >= request.max_new_tokens or eos_ids.intersection(resume):
             raise InvalidArgument("resume_token_ids", f"{len(resume)} tokens already finish the generation "
                                   f"(max_new_tokens {request.max_new_tokens}, or an EOS among them)")
-        window = config.default_window if request.window == -1 else request.window
-        return _Plan(window, params, prompt, eos_ids, resume)
+        return _Checked(request.window, params, prompt, eos_ids, resume)
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         """The prompt's token ids: the prompt (templated as one user turn when ``chat``), or the chat turns
@@ -416,12 +396,14 @@ class Generations:
                 raise InvalidArgument("sampling.relaxation.task", f"no per-task weights on this coordinator: {error}") from None
         return self._head
 
-    def _policy_label(self, window: int) -> str:
-        return f"fixed {window}" if window >= 0 else self.config.auto_policy
+    @staticmethod
+    def _policy_label(plan: SpeculationConfig) -> str:
+        return f"fixed {plan.window}" if plan.window >= 0 else plan.auto_policy
 
-    def _policy(self, window: int, telemetry: Telemetry) -> WindowPolicy:
-        name = f"fixed:{window}" if window >= 0 else self.config.auto_policy
-        return window_policy(name, telemetry, self.config.auto_max_window)
+    @staticmethod
+    def _policy(plan: SpeculationConfig, telemetry: Telemetry) -> WindowPolicy:
+        name = f"fixed:{plan.window}" if plan.window >= 0 else plan.auto_policy
+        return window_policy(name, telemetry, plan.auto_max_window)
 
     def drafter_info(self, name: str, info: object) -> None:
         """A drafter's Info (services/coordinator/readiness.py asks each once): its measured cost per drafted token,
@@ -429,6 +411,7 @@ class Generations:
         seconds = float(getattr(info, "draft_seconds_per_token", 0.0) or 0.0)
         prefill = float(getattr(info, "prefill_seconds_per_token", 0.0) or 0.0)
         self._placements[name] = getattr(info, "placement", None)
+        self._drafter_trees[name] = Capabilities.of(getattr(info, "capabilities", None)).token_trees
         self._check_placement()
         if seconds > 0:
             self.draft_costs[name] = (seconds, prefill)
@@ -459,7 +442,7 @@ class Generations:
     async def _verifier_info(self) -> VerifierInfo:
         """Vocabulary and EOS ids, from the first verifier that answered Info (cached). On the way, every verifier
         of the pool not heard from yet is asked for its Info (one that failed, again INFO_RETRY_SECONDS later): what
-        all of them do settles each session's plan (_validate, _tree_plan). Waits for the first answer, then up to
+        all of them do settles each session's plan (_validate, _settle). Waits for the first answer, then up to
         INFO_WAIT_SECONDS for the others; later answers arrive in the background."""
         now, asked = time.monotonic(), set()
         for address in self.verifier.pool.endpoints:
@@ -494,20 +477,47 @@ class Generations:
             self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
             self.verifier_placement(info)
 
-    def _tree_plan(self, session_id: str) -> tuple[int, str]:
-        """(tree depth, cloud drafting) of a session opening now: as configured where every verifier of the pool
-        scores token trees by its Info, else chains and edge drafting (a verifier not heard from counts as one
-        that does not: the session may move to it)."""
-        config = self.config
-        if not config.tree_depth and config.cloud_draft == "off":
-            return config.tree_depth, config.cloud_draft
+    async def _settle(self, checked: _Checked) -> SpeculationConfig:
+        """The session's plan: the coordinator's speculation config settled for the request, the verifier's largest
+        window, a free drafter where one runs, and token trees and cloud drafting where every verifier of the pool
+        scores token trees by its Info and every drafter drafts them by its own (a verifier not heard from counts
+        as one that does not: the session may move to it)."""
+        config = self.config.speculation
+        max_draft = getattr(self._info, "max_window", 0) or None
+        plan = config.settled(checked.params, window=checked.window, max_draft=max_draft,
+                              free=self.free_drafter is not None)
+        if plan.tree_depth or plan.cloud_draft != "off":
+            plan = plan.settled(checked.params, trees=self._without_trees())
+        if plan.tree_depth:
+            plan = plan.settled(checked.params, drafter_trees=await self._drafters_without_trees())
+        return plan
+
+    def _without_trees(self) -> str:
+        """Why a session opening now cannot have token trees by its verifiers ("" = it can)."""
         lacking = [a for a in self.verifier.pool.endpoints
                    if a not in self._infos or not Capabilities.of(self._infos[a].capabilities).token_trees]
         if not lacking:
-            return config.tree_depth, config.cloud_draft
-        log.info("session %s: chains and edge drafting only: verifier %s %s", session_id, lacking[0],
-                 "does not score token trees" if lacking[0] in self._infos else "has not answered Info yet")
-        return 0, "off"
+            return ""
+        return f"verifier {lacking[0]} " + ("does not score token trees" if lacking[0] in self._infos
+                                            else "has not answered Info yet")
+
+    async def _drafters_without_trees(self) -> str:
+        """Why a session opening now cannot have token trees by its drafters ("" = each drafts them by its Info;
+        a drafter not heard from yet is asked now)."""
+        for name, drafter in self.drafters.items():
+            if name not in self._drafter_trees:
+                ask = getattr(drafter, "info", None)
+                if ask is None or self._drafter_retry.get(name, 0) > time.monotonic():
+                    return f"drafter {name} has not answered Info"
+                try:
+                    info = await asyncio.wait_for(ask(), INFO_WAIT_SECONDS)
+                except (EdgespecError, asyncio.TimeoutError) as error:
+                    self._drafter_retry[name] = time.monotonic() + INFO_RETRY_SECONDS
+                    return f"drafter {name} has not answered Info ({error or 'timed out'})"
+                self._drafter_trees[name] = Capabilities.of(getattr(info, "capabilities", None)).token_trees
+            if not self._drafter_trees[name]:
+                return f"drafter {name} does not draft token trees"
+        return ""
 
     def _drafter_for(self, session_id: str, prompt: str, telemetry: Telemetry) -> DrafterPort:
         """The drafter port of one generation: the only drafter, or the router's pick."""

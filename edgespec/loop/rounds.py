@@ -36,7 +36,8 @@ from edgespec.control.goodput import best_window
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, WindowPolicy
-from edgespec.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from edgespec.errors import Aborted, NotFound, ResourceExhausted, Unavailable
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.session import SessionLog
 from edgespec.observe.tracing import SESSION_ID, tracer
 from edgespec.verify.greedy import Verdict
@@ -53,13 +54,6 @@ DRAFTER_MAX_REFUSED_BACKOFF_SECONDS = 30.0   # cap of the backoff that doubles w
 DRAFTER_FAULTS = (Unavailable, NotFound, Aborted, ResourceExhausted)
 AUTO_TREE_DEPTH = 2   # --tree-depth auto: the most runner-ups a window carries
 SELF_DRAFT_TOKENS = 6  # cloud drafting: the most of its own tokens the verifier may commit before its next one
-CLOUD_DRAFT_MODES = ("off", "fallback", "on")
-# Target-only windows of several steps (blocking rounds): the verifier commits up to this many of the target's own
-# tokens in one round trip, so that the round trip, paid once per token otherwise, is paid once per TARGET_STEPS
-# (measured at one thread: the verifier's model waited 12% of the time for the next window; with 4 steps, window 0
-# decoded at 1.02x the engine alone). Between an adaptive policy's decisions too: a free draft or a probe is then at
-# most 3 tokens late, and the default is as fast as window 0 where nothing is drafted.
-TARGET_STEPS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +111,17 @@ class Rounds:
     """State shared by the loops: what the drafter has seen, window numbers, drafter health."""
 
     def __init__(self, session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                 policy: WindowPolicy, params: SamplingParams, telemetry: Telemetry | None = None,
-                 metrics: RoundSink | None = None, max_draft: int = 16, tree_depth: int = 0,
-                 cloud_draft: str = "off", free: FreeDraftSession | None = None, target_steps: int = 1):
+                 policy: WindowPolicy, params: SamplingParams, config: SpeculationConfig = SpeculationConfig(),
+                 telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
+                 free: FreeDraftSession | None = None):
+        """``config``: settled for ``params`` (SpeculationConfig.settled)."""
         self.session, self.session_id, self.drafter, self.verifier = session, session_id, drafter, verifier
-        self.policy, self.params = policy, params
-        self.max_draft = max_draft                  # most tokens one draft call may ask for (the drafter's max_window)
-        # token trees: lossless sessions whose drafter port drafts them. Whether the verifiers score trees is settled
-        # before (Generations._tree_plan, from their Infos): one that does not refuses a tree window (InvalidArgument).
-        lossless = not params.relaxation.lossy
-        self.tree_depth = tree_depth if lossless and hasattr(drafter, "draft_tree") else 0
-        # cloud drafting (PTD on the verifier): "on" every round, "fallback" while the drafter is down (settled
-        # before, as trees are: it needs a verifier that scores trees)
-        if cloud_draft not in CLOUD_DRAFT_MODES:
-            raise ValueError(f"cloud_draft must be one of {CLOUD_DRAFT_MODES}, got {cloud_draft!r}")
-        self.cloud_draft = cloud_draft if lossless else "off"
+        self.policy, self.params, self.config = policy, params, config
+        self.max_draft = config.max_window          # most tokens one draft call may ask for (the drafter's max_window)
+        # token trees where the drafter port drafts them. Whether the verifiers score trees and the drafter drafts
+        # them is settled before (Generations): a tree window they cannot do is refused (InvalidArgument).
+        self.tree_depth = config.tree_depth if hasattr(drafter, "draft_tree") else 0
+        self.cloud_draft = config.cloud_draft         # "on" every round, "fallback" while the drafter is down
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (goodput, AWC)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
@@ -147,11 +137,11 @@ class Rounds:
         self.open_seconds = 0.0     # spent (re)opening the drafter session so far, seconds
         self.next_seq = 0
         # free drafts (lossless sessions): proposed every round, sent when they pay by the measured costs
-        self.free = free if free is not None and params.sampler != "coupled" and not params.relaxation.lossy else None
+        self.free = free if config.free_drafts else None
         self._free_sent: tuple[int, FreeProposal] | None = None   # (window seq, proposal) of the free window in flight
-        self.target_steps = target_steps   # most steps of a target-only window (1: a token a round trip)
+        self.target_steps = config.target_steps   # most steps of a target-only window (1: a token a round trip)
         if not isinstance(policy, FixedWindow):
-            self.telemetry.target_steps = max(1, target_steps)   # what a target-only round commits, for the costs
+            self.telemetry.target_steps = config.target_steps   # what a target-only round commits, for the costs
 
     def window(self, base: int, draft: Sequence[int], q: Sequence[SparseDist] | None,
                parent: int | None = None, parents: Sequence[int] = (), steps: int = 0) -> Window:
@@ -238,13 +228,6 @@ class Rounds:
                     result = (tokens, q, tuple(parents))
                 else:
                     result = (*await self.drafter.draft(self.session_id, base, append, k), ())
-            except InvalidArgument as error:
-                if not tree_depth:
-                    raise
-                log.warning("session %s: the drafter does not draft token trees (%s); chains from now on",
-                            self.session_id, error)
-                self.tree_depth = 0
-                return await self.draft(k, speculative)
             except DRAFTER_FAULTS as error:
                 self._drafter_fault(error)
                 span.set_attribute("edgespec.drafter_down", True)

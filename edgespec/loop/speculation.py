@@ -30,7 +30,8 @@ from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import WindowPolicy
 from edgespec.errors import Unavailable
 from edgespec.loop.pipelining import pipelined
-from edgespec.loop.rounds import (TARGET_STEPS, Chunk, DrafterPort, FreeDraftSession, RoundSink, Rounds,
+from edgespec.loop.config import SpeculationConfig
+from edgespec.loop.rounds import (Chunk, DrafterPort, FreeDraftSession, RoundSink, Rounds,
                                   VerifierPort, draft_window, now)
 from edgespec.loop.session import SessionLog
 from edgespec.verify.sampling import SamplingParams
@@ -42,52 +43,41 @@ log = logging.getLogger(__name__)
 
 
 async def speculate(session: SessionLog, session_id: str, drafter: DrafterPort, verifier: VerifierPort,
-                    policy: WindowPolicy, params: SamplingParams = SamplingParams(), pipeline: bool = False,
-                    on_verifier_loss: str = "fail", max_unverified: int = 256,
-                    telemetry: Telemetry | None = None, metrics: RoundSink | None = None,
-                    max_draft: int = 16, tree_depth: int = 0, cloud_draft: str = "off",
-                    free: FreeDraftSession | None = None, target_steps: int = TARGET_STEPS) -> AsyncIterator[Chunk]:
+                    policy: WindowPolicy, params: SamplingParams = SamplingParams(),
+                    config: SpeculationConfig = SpeculationConfig(), *, telemetry: Telemetry | None = None,
+                    metrics: RoundSink | None = None, free: FreeDraftSession | None = None) -> AsyncIterator[Chunk]:
     """Run rounds until EOS or the budget; yield each round's committed tokens.
 
     The policy picks each round's window; k = 0 is a target-only step (no drafter).
     The caller opens the verifier session (with ``params``); the drafter session
     is opened on the first draft. The caller closes both.
-    on_verifier_loss: "fail" (raise Unavailable) or "draft-only" (see module doc),
-    with at most ``max_unverified`` unverified tokens ahead of the verified ones.
+    config: how the session speculates (edgespec.loop.config), settled for ``params`` here (Generations settles it
+    further, by what the pool can do, before the session opens): pipelined or blocking rounds, token trees, cloud
+    drafting, free drafts, the steps of a target-only window, the most tokens one draft call asks for
+    (``max_window``: the pipelined look-ahead asks for its bonus guess and the next window in one call, so it drafts
+    at most max_window - 1), and what happens when no verifier is left (``on_verifier_loss``: "fail" raises
+    Unavailable, "draft-only" streams unverified drafter tokens, at most ``max_unverified`` ahead). Its window and
+    policy settings are for whoever makes ``policy``.
     telemetry: where each round is recorded; a policy that reads telemetry (goodput, AWC) must be given
     this same object (None: a fresh one).
     metrics: where each committed round's sample is counted (None: nowhere). Spans go to the global tracer.
-    max_draft: the most tokens one draft call may ask for (the drafter's max_window); the pipelined
-    look-ahead asks for its bonus guess and the next window in one call, so it drafts at most max_draft - 1.
-    tree_depth: lossless sessions (greedy or sampled) in blocking rounds draft token trees
-    (edgespec.verify.tree): the window's chain plus a runner-up at each of its first tree_depth positions, all
-    verified in one target pass, where both the drafter and the verifier can (else chains). 0 = chains.
-    cloud_draft: blocking rounds of lossless sessions: "on" = the verifier drafts every window itself
-    (Progressive Tree Drafting, edgespec.engines.self_draft; the edge drafter is not used), "fallback" = it
-    does while the edge drafter is down, "off" = target-only rounds then. A verifier that cannot refuses the
-    first such window and the session goes on without.
-    free: blocking rounds of lossless sessions: a drafter in this process that costs nothing
-    (edgespec.backends.suffix), asked every round before the policy; its proposal is sent where it pays by the
-    measured costs, and the policy's round (the drafter's window, or target-only) runs where it does not.
-    None = the policy's rounds only.
-    target_steps: blocking rounds: a target-only window commits up to this many of the target's own tokens in one
-    round trip (Rounds.steps_now; 1 = a token a round trip). The verifier decodes them one at a time, so the
-    output is what single steps give.
+    free: a drafter in this process that costs nothing (edgespec.backends.suffix), asked every round before the
+    policy where the config has free drafts; its proposal is sent where it pays by the measured costs, and the
+    policy's round (the drafter's window, or target-only) runs where it does not.
     """
-    rounds = Rounds(session, session_id, drafter, verifier, policy, params, telemetry, metrics, max_draft,
-                    0 if pipeline else tree_depth, "off" if pipeline else cloud_draft, None if pipeline else free,
-                    1 if pipeline else target_steps)
-    loop = pipelined if pipeline else _blocking
+    config = config.settled(params, free=free is not None)
+    rounds = Rounds(session, session_id, drafter, verifier, policy, params, config, telemetry, metrics, free)
+    loop = pipelined if config.pipeline else _blocking
     while session.finish_reason is None:
         try:
             async for chunk in loop(rounds):
                 yield chunk
         except Unavailable as error:   # the verifier port gave up (drafter faults never get here)
-            if on_verifier_loss != "draft-only":
+            if config.on_verifier_loss != "draft-only":
                 raise
             log.warning("session %s: %s; streaming unverified drafter tokens", session_id, error)
             session.stats.degraded += 1
-            async for chunk in rounds.degraded(max_unverified):
+            async for chunk in rounds.degraded(config.max_unverified):
                 yield chunk
 
 

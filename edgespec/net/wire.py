@@ -78,5 +78,5 @@ def window_from_pb(msg: verifier_pb2.Window) -> Window:
                   msg.self_draft, msg.steps)
 
 
-def capabilities_to_pb(capabilities: Capabilities) -> verifier_pb2.Capabilities:
-    return verifier_pb2.Capabilities(**{f.name: getattr(capabilities, f.name) for f in fields(capabilities)})
+def capabilities_to_pb(capabilities: Capabilities) -> common_pb2.Capabilities:
+    return common_pb2.Capabilities(**{f.name: getattr(capabilities, f.name) for f in fields(capabilities)})

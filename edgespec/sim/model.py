@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.engines.batching import GatherRule
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
 from edgespec.loop.session import SessionLog
@@ -393,7 +394,8 @@ class Device:
             session = SessionLog([], spec.tokens, frozenset())
             await verifier.open(session_id, session.committed, GREEDY)
             async for _ in speculate(session, session_id, drafter, verifier, self.policy, GREEDY,
-                                     telemetry=self.telemetry, metrics=self, max_draft=self.max_k):
+                                     SpeculationConfig(max_window=self.max_k), telemetry=self.telemetry,
+                                     metrics=self):
                 pass
             await verifier.close(session_id)
             sim.records.request_seconds.append(loop.time() - started)

@@ -78,3 +78,17 @@ class Placement(_message.Message):
     host: str
     cpus: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, host: _Optional[str] = ..., cpus: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("token_trees", "coupled", "relaxed", "min_tokens", "logprobs")
+    TOKEN_TREES_FIELD_NUMBER: _ClassVar[int]
+    COUPLED_FIELD_NUMBER: _ClassVar[int]
+    RELAXED_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_trees: bool
+    coupled: bool
+    relaxed: bool
+    min_tokens: bool
+    logprobs: bool
+    def __init__(self, token_trees: _Optional[bool] = ..., coupled: _Optional[bool] = ..., relaxed: _Optional[bool] = ..., min_tokens: _Optional[bool] = ..., logprobs: _Optional[bool] = ...) -> None: ...

@@ -38,12 +38,42 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("chunk", "stats")
+    __slots__ = ("chunk", "stats", "plan")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     chunk: TokenChunk
     stats: GenerationStats
-    def __init__(self, chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ...) -> None: ...
+    plan: SpeculationPlan
+    def __init__(self, chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., plan: _Optional[_Union[SpeculationPlan, _Mapping]] = ...) -> None: ...
+
+class SpeculationPlan(_message.Message):
+    __slots__ = ("window", "auto_policy", "auto_max_window", "max_window", "pipeline", "tree_depth", "cloud_draft", "free_drafts", "target_steps", "on_verifier_loss", "max_unverified", "notes")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    AUTO_POLICY_FIELD_NUMBER: _ClassVar[int]
+    AUTO_MAX_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MAX_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    TREE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    FREE_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ON_VERIFIER_LOSS_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNVERIFIED_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    window: int
+    auto_policy: str
+    auto_max_window: int
+    max_window: int
+    pipeline: bool
+    tree_depth: int
+    cloud_draft: str
+    free_drafts: bool
+    target_steps: int
+    on_verifier_loss: str
+    max_unverified: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, window: _Optional[int] = ..., auto_policy: _Optional[str] = ..., auto_max_window: _Optional[int] = ..., max_window: _Optional[int] = ..., pipeline: _Optional[bool] = ..., tree_depth: _Optional[int] = ..., cloud_draft: _Optional[str] = ..., free_drafts: _Optional[bool] = ..., target_steps: _Optional[int] = ..., on_verifier_loss: _Optional[str] = ..., max_unverified: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_ids", "text", "generated", "position", "unverified", "logprobs")

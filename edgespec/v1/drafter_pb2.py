@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edgespec.v1 import common_pb2 as edgespec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65\x64gespec/v1/drafter.proto\x12\x0b\x65\x64gespec.v1\x1a\x18\x65\x64gespec/v1/common.proto\"\x14\n\x12\x44rafterInfoRequest\"\x82\x02\n\x13\x44rafterInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x12\n\nmax_window\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x1f\n\x17\x64raft_seconds_per_token\x18\x08 \x01(\x01\x12!\n\x19prefill_seconds_per_token\x18\t \x01(\x01\x12)\n\tplacement\x18\n \x01(\x0b\x32\x16.edgespec.v1.Placement\"v\n\x12\x44rafterOpenRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.edgespec.v1.SamplingParams\x12\r\n\x05q_ids\x18\x04 \x01(\x05\"1\n\x13\x44rafterOpenResponse\x12\x1a\n\x12\x63ommitted_position\x18\x01 \x01(\x05\"h\n\x0c\x44raftRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rbase_position\x18\x02 \x01(\x05\x12\x0e\n\x06\x61ppend\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\x05\x12\x12\n\ntree_depth\x18\x05 \x01(\x05\"w\n\rDraftResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x15\n\rdraft_seconds\x18\x02 \x01(\x01\x12.\n\x05probs\x18\x03 \x03(\x0b\x32\x1f.edgespec.v1.SparseDistribution\x12\x0f\n\x07parents\x18\x04 \x03(\x05\"3\n\x0b\x43ropRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\"*\n\x0c\x43ropResponse\x12\x1a\n\x12\x63ommitted_position\x18\x01 \x01(\x05\")\n\x13\x44rafterCloseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x44rafterCloseResponse2\xf8\x02\n\x07\x44rafter\x12I\n\x04Info\x12\x1f.edgespec.v1.DrafterInfoRequest\x1a .edgespec.v1.DrafterInfoResponse\x12P\n\x0bOpenSession\x12\x1f.edgespec.v1.DrafterOpenRequest\x1a .edgespec.v1.DrafterOpenResponse\x12>\n\x05\x44raft\x12\x19.edgespec.v1.DraftRequest\x1a\x1a.edgespec.v1.DraftResponse\x12;\n\x04\x43rop\x12\x18.edgespec.v1.CropRequest\x1a\x19.edgespec.v1.CropResponse\x12S\n\x0c\x43loseSession\x12 .edgespec.v1.DrafterCloseRequest\x1a!.edgespec.v1.DrafterCloseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65\x64gespec/v1/drafter.proto\x12\x0b\x65\x64gespec.v1\x1a\x18\x65\x64gespec/v1/common.proto\"\x14\n\x12\x44rafterInfoRequest\"\xb3\x02\n\x13\x44rafterInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x12\n\nmax_window\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x1f\n\x17\x64raft_seconds_per_token\x18\x08 \x01(\x01\x12!\n\x19prefill_seconds_per_token\x18\t \x01(\x01\x12)\n\tplacement\x18\n \x01(\x0b\x32\x16.edgespec.v1.Placement\x12/\n\x0c\x63\x61pabilities\x18\x0b \x01(\x0b\x32\x19.edgespec.v1.Capabilities\"v\n\x12\x44rafterOpenRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.edgespec.v1.SamplingParams\x12\r\n\x05q_ids\x18\x04 \x01(\x05\"1\n\x13\x44rafterOpenResponse\x12\x1a\n\x12\x63ommitted_position\x18\x01 \x01(\x05\"h\n\x0c\x44raftRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rbase_position\x18\x02 \x01(\x05\x12\x0e\n\x06\x61ppend\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\x05\x12\x12\n\ntree_depth\x18\x05 \x01(\x05\"w\n\rDraftResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x15\n\rdraft_seconds\x18\x02 \x01(\x01\x12.\n\x05probs\x18\x03 \x03(\x0b\x32\x1f.edgespec.v1.SparseDistribution\x12\x0f\n\x07parents\x18\x04 \x03(\x05\"3\n\x0b\x43ropRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\"*\n\x0c\x43ropResponse\x12\x1a\n\x12\x63ommitted_position\x18\x01 \x01(\x05\")\n\x13\x44rafterCloseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x44rafterCloseResponse2\xf8\x02\n\x07\x44rafter\x12I\n\x04Info\x12\x1f.edgespec.v1.DrafterInfoRequest\x1a .edgespec.v1.DrafterInfoResponse\x12P\n\x0bOpenSession\x12\x1f.edgespec.v1.DrafterOpenRequest\x1a .edgespec.v1.DrafterOpenResponse\x12>\n\x05\x44raft\x12\x19.edgespec.v1.DraftRequest\x1a\x1a.edgespec.v1.DraftResponse\x12;\n\x04\x43rop\x12\x18.edgespec.v1.CropRequest\x1a\x19.edgespec.v1.CropResponse\x12S\n\x0c\x43loseSession\x12 .edgespec.v1.DrafterCloseRequest\x1a!.edgespec.v1.DrafterCloseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTERINFOREQUEST']._serialized_start=68
   _globals['_DRAFTERINFOREQUEST']._serialized_end=88
   _globals['_DRAFTERINFORESPONSE']._serialized_start=91
-  _globals['_DRAFTERINFORESPONSE']._serialized_end=349
-  _globals['_DRAFTEROPENREQUEST']._serialized_start=351
-  _globals['_DRAFTEROPENREQUEST']._serialized_end=469
-  _globals['_DRAFTEROPENRESPONSE']._serialized_start=471
-  _globals['_DRAFTEROPENRESPONSE']._serialized_end=520
-  _globals['_DRAFTREQUEST']._serialized_start=522
-  _globals['_DRAFTREQUEST']._serialized_end=626
-  _globals['_DRAFTRESPONSE']._serialized_start=628
-  _globals['_DRAFTRESPONSE']._serialized_end=747
-  _globals['_CROPREQUEST']._serialized_start=749
-  _globals['_CROPREQUEST']._serialized_end=800
-  _globals['_CROPRESPONSE']._serialized_start=802
-  _globals['_CROPRESPONSE']._serialized_end=844
-  _globals['_DRAFTERCLOSEREQUEST']._serialized_start=846
-  _globals['_DRAFTERCLOSEREQUEST']._serialized_end=887
-  _globals['_DRAFTERCLOSERESPONSE']._serialized_start=889
-  _globals['_DRAFTERCLOSERESPONSE']._serialized_end=911
-  _globals['_DRAFTER']._serialized_start=914
-  _globals['_DRAFTER']._serialized_end=1290
+  _globals['_DRAFTERINFORESPONSE']._serialized_end=398
+  _globals['_DRAFTEROPENREQUEST']._serialized_start=400
+  _globals['_DRAFTEROPENREQUEST']._serialized_end=518
+  _globals['_DRAFTEROPENRESPONSE']._serialized_start=520
+  _globals['_DRAFTEROPENRESPONSE']._serialized_end=569
+  _globals['_DRAFTREQUEST']._serialized_start=571
+  _globals['_DRAFTREQUEST']._serialized_end=675
+  _globals['_DRAFTRESPONSE']._serialized_start=677
+  _globals['_DRAFTRESPONSE']._serialized_end=796
+  _globals['_CROPREQUEST']._serialized_start=798
+  _globals['_CROPREQUEST']._serialized_end=849
+  _globals['_CROPRESPONSE']._serialized_start=851
+  _globals['_CROPRESPONSE']._serialized_end=893
+  _globals['_DRAFTERCLOSEREQUEST']._serialized_start=895
+  _globals['_DRAFTERCLOSEREQUEST']._serialized_end=936
+  _globals['_DRAFTERCLOSERESPONSE']._serialized_start=938
+  _globals['_DRAFTERCLOSERESPONSE']._serialized_end=960
+  _globals['_DRAFTER']._serialized_start=963
+  _globals['_DRAFTER']._serialized_end=1339
 # @@protoc_insertion_point(module_scope)

@@ -12,7 +12,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_window", "backend", "device", "dtype", "eos_token_ids", "draft_seconds_per_token", "prefill_seconds_per_token", "placement")
+    __slots__ = ("model", "vocab_size", "max_window", "backend", "device", "dtype", "eos_token_ids", "draft_seconds_per_token", "prefill_seconds_per_token", "placement", "capabilities")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class DrafterInfoResponse(_message.Message):
     DRAFT_SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_window: int
@@ -33,7 +34,8 @@ class DrafterInfoResponse(_message.Message):
     draft_seconds_per_token: float
     prefill_seconds_per_token: float
     placement: _common_pb2.Placement
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., draft_seconds_per_token: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ...) -> None: ...
+    capabilities: _common_pb2.Capabilities
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_window: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., draft_seconds_per_token: _Optional[float] = ..., prefill_seconds_per_token: _Optional[float] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., capabilities: _Optional[_Union[_common_pb2.Capabilities, _Mapping]] = ...) -> None: ...
 
 class DrafterOpenRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "sampling", "q_ids")

@@ -32,22 +32,8 @@ class InfoResponse(_message.Message):
     dtype: str
     forward_seconds: _containers.RepeatedScalarFieldContainer[float]
     placement: _common_pb2.Placement
-    capabilities: Capabilities
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_window: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., forward_seconds: _Optional[_Iterable[float]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ...) -> None: ...
-
-class Capabilities(_message.Message):
-    __slots__ = ("token_trees", "coupled", "relaxed", "min_tokens", "logprobs")
-    TOKEN_TREES_FIELD_NUMBER: _ClassVar[int]
-    COUPLED_FIELD_NUMBER: _ClassVar[int]
-    RELAXED_FIELD_NUMBER: _ClassVar[int]
-    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    token_trees: bool
-    coupled: bool
-    relaxed: bool
-    min_tokens: bool
-    logprobs: bool
-    def __init__(self, token_trees: _Optional[bool] = ..., coupled: _Optional[bool] = ..., relaxed: _Optional[bool] = ..., min_tokens: _Optional[bool] = ..., logprobs: _Optional[bool] = ...) -> None: ...
+    capabilities: _common_pb2.Capabilities
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_window: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., forward_seconds: _Optional[_Iterable[float]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., capabilities: _Optional[_Union[_common_pb2.Capabilities, _Mapping]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "sampling")

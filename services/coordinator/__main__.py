@@ -8,7 +8,8 @@ import argparse
 import logging
 from dataclasses import dataclass
 
-from edgespec.loop.generation import AUTO_POLICIES, GenerationConfig
+from edgespec.loop.config import AUTO_POLICIES, SpeculationConfig
+from edgespec.loop.generation import GenerationConfig
 from edgespec.observe import logs
 from edgespec.net import rpc
 from edgespec.net.security import ServerSecurity
@@ -174,9 +175,15 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         from services.coordinator.http_api import HttpConfig
 
         http = HttpConfig(a.http_host or a.host, a.http_port, a.served_model_name, a.sse_ping_seconds)
-    generation = GenerationConfig(a.window, a.max_window, a.max_new_tokens, a.max_prompt_tokens, a.auto_max_window,
-                                  a.auto_policy, a.pipeline == "on", a.on_verifier_loss, a.max_unverified_tokens,
-                                  a.tree_depth, a.cloud_draft)
+    try:
+        speculation = SpeculationConfig(window=a.window, max_window=a.max_window, auto_max_window=a.auto_max_window,
+                                        auto_policy=a.auto_policy, pipeline=a.pipeline == "on",
+                                        on_verifier_loss=a.on_verifier_loss, max_unverified=a.max_unverified_tokens,
+                                        tree_depth=a.tree_depth, cloud_draft=a.cloud_draft)
+    except ValueError as error:   # the flags' names, spelt as the settings': --max-window is max_window
+        parser.error(f"speculation settings: {error}")
+    generation = GenerationConfig(max_new_tokens=a.max_new_tokens, max_prompt_tokens=a.max_prompt_tokens,
+                                  speculation=speculation)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
                              upstream_security, observability_config(parser, a), a.router_weights, http,
@@ -265,12 +272,12 @@ async def main(config: CoordinatorConfig) -> None:
     credentials, interceptors = server_parts(config.security, owners)
     server, port, health = rpc.create_server(config.host, config.port, register(servicer),
                                              config.security.max_message_bytes, credentials, interceptors)
-    generation = config.generation
+    speculation = config.generation.speculation
     log.info("drafters %s, verifiers %s, default window %s, free drafts %s, pipelining %s, on verifier loss: %s",
              ", ".join(f"{name}={address}" for name, address in config.drafters.items()),
-             ", ".join(config.verifiers), "auto" if generation.default_window < 0 else generation.default_window,
-             config.free_drafts, "on" if generation.pipeline else "off", generation.on_verifier_loss)
-    if generation.on_verifier_loss == "fail":   # draft-only still serves (unverified text) without a verifier
+             ", ".join(config.verifiers), "auto" if speculation.window < 0 else speculation.window,
+             config.free_drafts, "on" if speculation.pipeline else "off", speculation.on_verifier_loss)
+    if speculation.on_verifier_loss == "fail":   # draft-only still serves (unverified text) without a verifier
         watchers.append(asyncio.ensure_future(follow_verifier_health(
             health, [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name, ""], pool,
             verifiers_changed)))
@@ -280,7 +287,7 @@ async def main(config: CoordinatorConfig) -> None:
         from services.coordinator import http_api
 
         api = http_api.OpenAIApp(servicer.generations, interceptors[0] if interceptors else None, config.http,
-                                 draft_only=generation.on_verifier_loss == "draft-only",
+                                 draft_only=speculation.on_verifier_loss == "draft-only",
                                  metrics=lambda: exporters.prometheus_text(exports.registry))
         await http_api.serve(server, health, f"{config.host}:{port}", config.grace_seconds, api, config.security)
     for watcher in watchers:

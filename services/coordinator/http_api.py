@@ -42,6 +42,7 @@ from edgespec import errors
 from edgespec.api.openai_compat import (ApiError, OpenAIRequest, chunk_body, completion_body, detokenize_body,
                                         error_body, logprobs_body, parse_chat, parse_completion, parse_detokenize,
                                         parse_tokenize, tokenize_body, usage_chunk_body)
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.generation import GenerationRequest, Generations, GenerationStats, TextChunk
 from edgespec.net import rpc
 from edgespec.net.security import Guard, ServerSecurity
@@ -118,6 +119,8 @@ class _Run:
     async def _pump(self, events: AsyncIterator) -> None:
         try:
             async for event in events:
+                if isinstance(event, SpeculationConfig):
+                    continue   # the plan: the OpenAI API has no place for it (the first event is the first text)
                 self.queue.put_nowait(event)
         except Exception as error:   # noqa: BLE001 - handed to the request, which answers it
             self.queue.put_nowait(error)

@@ -20,6 +20,7 @@ import grpc
 from edgespec.backends.tokenizer import TextStream, Tokenizer
 from edgespec.control.router import Router
 from edgespec.loop.chat import ChatMessage
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.generation import (FreeDrafter, GenerationConfig, GenerationRequest, Generations, GenerationStats,
                                      TextChunk)
@@ -53,7 +54,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
 async def run_generation(generations: Generations, session_id: str, request_id: str,
                          metadata: Sequence[tuple[str, str | bytes]] | None, request: GenerationRequest
-                         ) -> AsyncIterator[TextChunk | GenerationStats]:
+                         ) -> AsyncIterator[SpeculationConfig | TextChunk | GenerationStats]:
     """One generation as a traced, logged call: the one path of the gRPC Generate and the HTTP API
     (services/coordinator/http_api.py). ``metadata``: the call's (header) pairs, for the caller's trace."""
     logs.bind(session_id, request_id)   # the session starts here (the Guard bound the caller's ids)
@@ -72,9 +73,11 @@ def request_from_pb(request: pb.GenerateRequest) -> GenerationRequest:
                              request.min_tokens)
 
 
-def response_to_pb(event: TextChunk | GenerationStats) -> pb.GenerateResponse:
-    """Both dataclasses have their message's field names."""
+def response_to_pb(event: SpeculationConfig | TextChunk | GenerationStats) -> pb.GenerateResponse:
+    """The dataclasses have their message's field names (SpeculationConfig: SpeculationPlan's)."""
     values = {field.name: getattr(event, field.name) for field in dataclasses.fields(event)}
+    if isinstance(event, SpeculationConfig):
+        return pb.GenerateResponse(plan=pb.SpeculationPlan(**values))
     if isinstance(event, GenerationStats):
         return pb.GenerateResponse(stats=pb.GenerationStats(**values))
     return pb.GenerateResponse(chunk=pb.TokenChunk(**{**values, "logprobs": logprobs_to_pb(event.logprobs)}))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from edgespec.observe import logs
 from edgespec.net import placement, rpc
+from edgespec.net.wire import capabilities_to_pb
 from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.engines.drafter import DrafterLimits
 
@@ -185,7 +186,8 @@ async def main(config: DrafterConfig) -> None:
     info = pb.DrafterInfoResponse(model=model.name, vocab_size=model.vocab_size, max_window=config.max_window,
                                   backend=drafter.backend, device=str(model.device), dtype=model.placement.split(" ", 1)[1],
                                   eos_token_ids=draft_eos_ids(model), draft_seconds_per_token=draft_seconds,
-                                  prefill_seconds_per_token=prefill_seconds, placement=placement.here())
+                                  prefill_seconds_per_token=prefill_seconds, placement=placement.here(),
+                                  capabilities=capabilities_to_pb(engine.capabilities()))
     owners = SessionOwners.for_security(config.security)   # the servicer claims and releases, the Guard checks
     servicer = DrafterServicer(engine, worker, info, owners, DrafterMetrics())
     credentials, interceptors = server_parts(config.security, owners)

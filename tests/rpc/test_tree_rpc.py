@@ -2,7 +2,7 @@
 import pytest
 
 from harness.cluster import LocalCluster
-from tests.streams import generated
+from tests.streams import generated, planned
 from tests.tiny import target_only_greedy
 
 PROMPTS = ["def add(a, b):", "Speculative decoding is"]
@@ -26,8 +26,10 @@ def test_tree_windows_over_grpc_give_target_only_greedy_output(tmp_path, depth):
                 assert sum(stats.accepted_at_depth) == stats.accepted_tokens
                 assert all(a <= o for a, o in zip(stats.accepted_at_depth, stats.offered_at_depth))
             if depth == "2":   # window 3 with two runner-ups: up to 5 tokens drafted per round, more than a chain
-                tokens, stats = collect(cluster.coordinator.address, prompt, 48, 3)
+                plan, tokens, stats = planned(cluster.coordinator.address, prompt, 48, 3, timeout_seconds=300)
                 assert stats.drafted_tokens > 3 * stats.rounds
+                # planned from both Infos (the verifier scores trees, the drafter drafts them), told up front
+                assert (plan.window, plan.tree_depth, list(plan.notes)) == (3, 2, [])
 
 
 def test_sampled_and_coupled_tree_windows_over_grpc(tmp_path):
@@ -48,7 +50,7 @@ def test_sampled_and_coupled_tree_windows_over_grpc(tmp_path):
         first, stats = collect(address, prompt, 32, 3, temperature=0.9, seed=11)
         assert stats.verification == "lossless-sampling" and stats.drafted_tokens > 3 * stats.rounds
         assert collect(address, prompt, 32, 3, temperature=0.9, seed=11)[0] == first
-        assert "chains and edge drafting only" not in cluster.coordinator.log_path.read_text()
+        assert "tree depth 2 off" not in cluster.coordinator.log_path.read_text()
 
 
 def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchanged(tmp_path):
@@ -61,10 +63,11 @@ def test_a_verifier_that_cannot_score_trees_gets_chains_and_the_output_is_unchan
         # the prompt and window that tests/rpc/test_llamacpp_rpc.py checks against llama.cpp target-only
         prompt = "What is the capital of France?"
         reference, _ = collect(cluster.coordinator.address, prompt, 24, 0, chat=True)
-        tokens, stats = collect(cluster.coordinator.address, prompt, 24, 3, chat=True)
+        plan, tokens, stats = planned(cluster.coordinator.address, prompt, 24, 3, chat=True, timeout_seconds=300)
         assert tokens == reference and 0 < stats.drafted_tokens <= 3 * stats.rounds    # chains
-        log = cluster.coordinator.log_path.read_text()   # settled from its Info when the session opened
-        assert "does not score token trees" in log and "chains and edge drafting only" in log
+        # settled from its Info when the session opened, and told to the client before the first token
+        assert plan.tree_depth == 0 and len(plan.notes) == 1 and "does not score token trees" in plan.notes[0]
+        assert plan.notes[0] in cluster.coordinator.log_path.read_text()
 
 
 REPETITIVE = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor"

@@ -17,6 +17,7 @@ from edgespec.loop.failover import FailoverVerifier
 from edgespec.loop.pool import VerifierPool
 from edgespec.verify.window import Window
 from edgespec.loop.session import SessionLog
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate
 from edgespec.verify.greedy import Verdict
 from edgespec.engines.verifier import VerifierEngine, VerifierLimits
@@ -83,7 +84,7 @@ def generate_concurrently(engine: VerifierEngine, policy: BatchPolicy, windows: 
             k = windows[i % len(windows)]
             telemetry = Telemetry()
             policy_ = GoodputWindow(telemetry, max_k=4) if k < 0 else FixedWindow(k)
-            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_, pipeline=pipeline,
+            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_, config=SpeculationConfig(pipeline=pipeline),
                                      telemetry=telemetry):
                 pass
             assert engine.committed(f"s{i}") == log.committed

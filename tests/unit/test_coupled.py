@@ -17,6 +17,7 @@ from edgespec.verify.relaxed import Relaxation
 from edgespec.verify.sampling import (SamplingParams, SparseDist, check_params, coupled_choice, race_times,
                                       verify_coupled)
 from edgespec.loop.session import SessionLog
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine
 from edgespec.control.telemetry import Telemetry
@@ -85,7 +86,7 @@ def generate(target, draft, params, policy, max_new=40, pipeline=False, verifier
     async def go():
         await port.open("s", log.committed, params)
         telemetry = policy.telemetry if isinstance(policy, GoodputWindow) else None   # the policy reads it
-        async for _ in speculate(log, "s", drafter, port, policy, params, pipeline=pipeline, telemetry=telemetry):
+        async for _ in speculate(log, "s", drafter, port, policy, params, config=SpeculationConfig(pipeline=pipeline), telemetry=telemetry):
             pass
     asyncio.run(go())
     return log

@@ -16,6 +16,7 @@ from edgespec.engines.drafter import DrafterEngine
 from edgespec.engines.verifier import VerifierEngine
 from edgespec.errors import InvalidArgument
 from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.generation import GenerationConfig, GenerationRequest, Generations, GenerationStats
 from edgespec.loop.pool import VerifierPool
 from edgespec.loop.stops import StopCutter
@@ -36,12 +37,12 @@ def generate(request: GenerationRequest, window: int = 3) -> tuple[list[int], st
     endpoint = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
-    gen = Generations(GenerationConfig(default_window=window, max_window=8, max_new_tokens=64), tokenizer,
+    gen = Generations(GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(window=window, max_window=8)), tokenizer,
                       lambda: TextStream(tokenizer), {"draft": InProcessDrafter(DrafterEngine(tiny(DRAFT)))}, verifier)
 
     async def go():
         return [event async for event in gen.run("s1", request)]
-    *chunks, stats = asyncio.run(go())
+    _plan, *chunks, stats = asyncio.run(go())
     return [t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), stats
 
 

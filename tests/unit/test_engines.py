@@ -8,6 +8,7 @@ from edgespec.backends.registry import TINY_EOS
 from edgespec.backends.torch_lm import TorchCausalLM
 from edgespec.engines.drafter import DrafterEngine, DrafterLimits
 from edgespec.errors import Aborted, InvalidArgument, NotFound
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine, VerifierLimits
@@ -281,8 +282,8 @@ def test_a_draft_is_not_sent_where_catching_the_drafter_up_costs_more_than_draft
         telemetry.draft_per_token, telemetry.draft_prefill_per_token = 0.01, 0.001
         telemetry.profile = {1: 0.1, 2: 0.11, 3: 0.12, 4: 0.13, 5: 0.14}   # a pass over 5 tokens ~ over 1
         log = SessionLog([1] * prompt_tokens, max_new, frozenset({TINY_EOS}))
-        return Rounds(log, "s", object(), object(), GoodputWindow(telemetry, max_k=4), SamplingParams(), telemetry,
-                      max_draft=4)
+        return Rounds(log, "s", object(), object(), GoodputWindow(telemetry, max_k=4), SamplingParams(),
+                      SpeculationConfig(max_window=4), telemetry)
 
     # 4 drafted tokens for one pass: 0.036 s a token against 0.1, so 0.064 s saved a token at best
     assert rounds(2000, 16).catchup_outweighs_drafting()        # a 2 s prefill for at most 1.0 s saved

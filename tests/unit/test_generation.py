@@ -34,6 +34,7 @@ from edgespec.engines.drafter import DrafterEngine  # noqa: E402
 from edgespec.engines.verifier import VerifierEngine  # noqa: E402
 from edgespec.errors import InvalidArgument, ResourceExhausted  # noqa: E402
 from edgespec.loop.failover import FailoverVerifier  # noqa: E402
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.generation import (GenerationConfig, GenerationRequest, Generations,  # noqa: E402
                                       GenerationStats, TextChunk)
 from edgespec.loop.pool import VerifierPool  # noqa: E402
@@ -57,7 +58,7 @@ class Endpoint(InProcessVerifier):
         await super().open(session_id, tokens, params)
 
 
-def generations(config=GenerationConfig(default_window=3, max_window=8, max_new_tokens=64), slots=None):
+def generations(config=GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(window=3, max_window=8)), slots=None):
     endpoint = Endpoint(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
@@ -75,7 +76,8 @@ def test_a_generation_is_the_targets_greedy_output_with_its_text_and_stats():
     owners = SessionOwners(1)
     gen, _ = generations(slots=owners)
     events = collect(gen, GenerationRequest(PROMPT, 40))
-    *chunks, stats = events
+    plan, *chunks, stats = events   # the plan first: the coordinator's window, nothing turned off
+    assert plan == SpeculationConfig(window=3, max_window=8, free_drafts=False)
     assert all(isinstance(c, TextChunk) for c in chunks) and isinstance(stats, GenerationStats)
     tokens = [t for c in chunks for t in c.token_ids]
     assert tokens == target_only_greedy(TARGET, list(PROMPT.encode()), 40)
@@ -90,6 +92,8 @@ def test_a_generation_is_the_targets_greedy_output_with_its_text_and_stats():
     # The servicer builds protobuf's messages from these by field name.
     assert {f.name for f in coordinator_pb2.GenerationStats.DESCRIPTOR.fields} == set(GenerationStats.__dataclass_fields__)
     assert {f.name for f in coordinator_pb2.TokenChunk.DESCRIPTOR.fields} == set(TextChunk.__dataclass_fields__)
+    assert {f.name for f in coordinator_pb2.SpeculationPlan.DESCRIPTOR.fields} == set(
+        SpeculationConfig.__dataclass_fields__)
 
 
 @pytest.mark.parametrize("request_,field", [
@@ -106,7 +110,7 @@ def test_a_generation_is_the_targets_greedy_output_with_its_text_and_stats():
         "resume-vocab"])
 def test_invalid_requests_are_refused_before_taking_a_slot(request_, field):
     owners = SessionOwners(1)
-    gen, endpoint = generations(GenerationConfig(max_window=8, max_new_tokens=64, max_prompt_tokens=50), owners)
+    gen, endpoint = generations(GenerationConfig(max_new_tokens=64, max_prompt_tokens=50, speculation=SpeculationConfig(max_window=8)), owners)
     with pytest.raises(InvalidArgument, match=field):
         collect(gen, request_)
     assert owners.open_sessions("anonymous") == 0 and endpoint.opened == []

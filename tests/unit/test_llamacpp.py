@@ -18,6 +18,7 @@ from edgespec.engines.drafter import DrafterEngine  # noqa: E402
 from edgespec.engines.verifier import VerifierEngine, VerifierLimits  # noqa: E402
 from edgespec.errors import ResourceExhausted  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate  # noqa: E402
 from edgespec.control.telemetry import Telemetry  # noqa: E402
 from edgespec.control.window import FixedWindow, GoodputWindow  # noqa: E402
@@ -113,7 +114,7 @@ def run(lm, draft_lm, prompt, max_new, policy, params=SamplingParams(), pipeline
     async def go():
         await verifier.open("s", session.committed, params)
         telemetry = getattr(policy, "telemetry", None)   # the goodput policy reads the round loop's telemetry
-        async for _ in speculate(session, "s", drafter, verifier, policy, params, pipeline=pipeline,
+        async for _ in speculate(session, "s", drafter, verifier, policy, params, config=SpeculationConfig(pipeline=pipeline),
                                  telemetry=telemetry):
             pass
         await verifier.close("s")

@@ -14,6 +14,7 @@ from edgespec.engines.drafter import DrafterEngine
 from edgespec.engines.verifier import VerifierEngine
 from edgespec.errors import InvalidArgument
 from edgespec.loop.failover import FailoverVerifier
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.generation import GenerationConfig, GenerationRequest, Generations
 from edgespec.loop.pool import VerifierPool
 from edgespec.net.wire import logprobs_from_pb, logprobs_to_pb
@@ -49,13 +50,13 @@ def generate(request: GenerationRequest, **config):
     endpoint = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
-    gen = Generations(GenerationConfig(max_window=8, max_new_tokens=64, **config), tokenizer,
+    gen = Generations(GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(max_window=8, **config)), tokenizer,
                       lambda: TextStream(tokenizer), {"draft": InProcessDrafter(DrafterEngine(tiny(DRAFT)), q_ids=16)},
                       verifier)
 
     async def go():
         return [event async for event in gen.run("s1", request)]
-    *chunks, stats = asyncio.run(go())
+    _plan, *chunks, stats = asyncio.run(go())
     return chunks, stats
 
 
@@ -73,9 +74,9 @@ def test_token_logprobs_are_the_rows_log_softmax_with_the_top_tokens_in_order():
     assert logprobs_from_pb(logprobs_to_pb(entries))[1].top[0][0] == entries[1].top[0][0]
 
 
-@pytest.mark.parametrize("config", [dict(default_window=0), dict(default_window=3),
-                                    dict(default_window=3, tree_depth=1), dict(default_window=3, pipeline=True),
-                                    dict(default_window=-1)],
+@pytest.mark.parametrize("config", [dict(window=0), dict(window=3),
+                                    dict(window=3, tree_depth=1), dict(window=3, pipeline=True),
+                                    dict(window=-1)],
                          ids=["target-only-steps", "chain", "tree", "pipelined", "adaptive"])
 def test_greedy_logprobs_are_the_targets_own(config):
     chunks, stats = generate(GenerationRequest(PROMPT, 30, params=SamplingParams(logprobs=TOP)), **config)
@@ -91,7 +92,7 @@ def test_greedy_logprobs_are_the_targets_own(config):
 @pytest.mark.parametrize("coupled", [False, True], ids=["standard", "coupled"])
 def test_sampled_logprobs_are_the_targets_own_at_the_sampled_tokens(coupled):
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, coupled=coupled, logprobs=TOP)
-    chunks, _ = generate(GenerationRequest(PROMPT, 30, params=params), default_window=3)
+    chunks, _ = generate(GenerationRequest(PROMPT, 30, params=params), window=3)
     tokens = [t for c in chunks for t in c.token_ids]
     assert_target_logprobs(tokens, [e for c in chunks for e in c.logprobs])
     assert tokens != list(target_only_greedy_eos(TARGET, tuple(PROMPT.encode()), 30))   # sampled, not greedy
@@ -102,11 +103,11 @@ def test_logprobs_stay_raw_under_min_tokens_and_follow_a_stop_cut():
     the tokens."""
     eos_at = 33
     chunks, _ = generate(GenerationRequest(PROMPT, 40, min_tokens=40, params=SamplingParams(logprobs=2)),
-                         default_window=3)
+                         window=3)
     entries = [e for c in chunks for e in c.logprobs]
     assert entries[eos_at].top[0][0] == TINY_EOS and entries[eos_at].token != TINY_EOS
     chunks, stats = generate(GenerationRequest(PROMPT, 40, stop=("+",), params=SamplingParams(logprobs=0)),
-                             default_window=3)
+                             window=3)
     tokens = [t for c in chunks for t in c.token_ids]
     assert stats.finish_reason == "stop" and tokens[-1] == ord("+")
     assert [e.token for c in chunks for e in c.logprobs] == tokens and all(not e.top for c in chunks
@@ -114,7 +115,7 @@ def test_logprobs_stay_raw_under_min_tokens_and_follow_a_stop_cut():
 
 
 def test_without_logprobs_verdicts_carry_none():
-    chunks, _ = generate(GenerationRequest(PROMPT, 10), default_window=3)
+    chunks, _ = generate(GenerationRequest(PROMPT, 10), window=3)
     assert all(c.logprobs == () for c in chunks)
     with pytest.raises(InvalidArgument, match="logprobs"):
         generate(GenerationRequest(PROMPT, 4, params=SamplingParams(logprobs=21)))

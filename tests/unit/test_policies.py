@@ -2,13 +2,16 @@
 benches, so a name means the same policy everywhere."""
 import json
 
+from dataclasses import replace
+
 import pytest
 
 from edgespec.control.awc import WEIGHTS, AwcWindow
 from edgespec.control.policies import ADAPTIVE, window_policy
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
-from edgespec.loop.generation import AUTO_POLICIES, GenerationConfig, Generations
+from edgespec.loop.config import AUTO_POLICIES, SpeculationConfig
+from edgespec.loop.generation import Generations
 from edgespec.sim.scenario import policy_factory
 
 
@@ -43,13 +46,12 @@ def test_an_unknown_name_is_refused_naming_the_choices(name):
 def test_the_coordinator_and_the_simulator_run_the_registry_s_policies():
     assert AUTO_POLICIES == tuple(ADAPTIVE) == ("goodput", "heuristic", "awc")
     for name in AUTO_POLICIES:
-        made = Generations.__new__(Generations)
-        made.config = GenerationConfig(auto_policy=name, auto_max_window=5)
+        plan = SpeculationConfig(auto_policy=name, auto_max_window=5)
         telemetry = Telemetry(max_k=5)
-        policy = made._policy(-1, telemetry)
+        policy = Generations._policy(plan, telemetry)
         assert type(policy) is type(window_policy(name, telemetry, 5)) and policy.max_k == 5
-        assert made._policy(3, telemetry) == FixedWindow(3)
+        assert Generations._policy(replace(plan, window=3), telemetry) == FixedWindow(3)
         simulated = policy_factory(name, 5)(telemetry)
         assert type(simulated) is type(policy) and simulated.max_k == 5
     with pytest.raises(ValueError, match="auto_policy"):
-        GenerationConfig(auto_policy="fixed:2")
+        SpeculationConfig(auto_policy="fixed:2")

@@ -8,6 +8,7 @@ from edgespec.engines.drafter import DrafterEngine
 from edgespec.control.router import Arm, Router, SessionRouting, request_features
 from edgespec.loop.routed_drafter import RoutedDrafter
 from edgespec.loop.session import SessionLog
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate
 from edgespec.engines.verifier import VerifierEngine
 from edgespec.control.window import FixedWindow
@@ -31,7 +32,7 @@ def routed_run(first: str, prompt: bytes, max_new: int = 60, pipeline: bool = Fa
 
     async def go():
         verifier.open("s", list(prompt))
-        async for _ in speculate(log, "s", routed, InProcessVerifier(verifier), FixedWindow(4), pipeline=pipeline):
+        async for _ in speculate(log, "s", routed, InProcessVerifier(verifier), FixedWindow(4), config=SpeculationConfig(pipeline=pipeline)):
             pass
         await routed.close("s")
 

@@ -15,6 +15,7 @@ from edgespec.engines.self_draft import SelfDraftConfig, SelfDrafter
 from edgespec.engines.verifier import VerifierEngine
 from edgespec.errors import InvalidArgument, Unavailable
 from edgespec.loop.session import SessionLog
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate
 from edgespec.verify.sampling import Relaxation, SamplingParams
 from edgespec.verify.tree import ROOT
@@ -121,7 +122,7 @@ def run(params, new, cloud_draft, drafter=None, policy=None, target=TARGET, prom
     async def go():
         engine.open("s", prompt, params)
         async for _ in speculate(log, "s", drafter or DownDrafter(), InProcessVerifier(engine),
-                                 policy or FixedWindow(3), params, cloud_draft=cloud_draft):
+                                 policy or FixedWindow(3), params, config=SpeculationConfig(cloud_draft=cloud_draft)):
             pass
     asyncio.run(go())
     return log
@@ -182,8 +183,7 @@ def test_a_verifier_that_cannot_draft_for_itself_refuses_and_changes_nothing():
 
         async def go():
             engine.open("s", prompt)
-            async for _ in speculate(log, "s", DownDrafter(), InProcessVerifier(engine), FixedWindow(3),
-                                     cloud_draft="on"):
+            async for _ in speculate(log, "s", DownDrafter(), InProcessVerifier(engine), FixedWindow(3), config=SpeculationConfig(cloud_draft="on")):
                 pass
 
         with pytest.raises(InvalidArgument, match="draft for itself"):

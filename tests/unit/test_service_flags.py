@@ -19,9 +19,9 @@ def test_defaults():
     d = drafter_args([])
     assert (d.service.port, d.service.model, d.service.device, d.quantize) == (50062, "draft", "cpu", "auto")
     c = coordinator_args([])
-    assert (c.port, c.generation.default_window, c.verifiers, c.drafters) == (50051, -1, ("127.0.0.1:50061",),
+    assert (c.port, c.generation.speculation.window, c.verifiers, c.drafters) == (50051, -1, ("127.0.0.1:50061",),
                                                                              {"draft": "127.0.0.1:50062"})
-    assert (c.generation.pipeline, c.generation.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
+    assert (c.generation.speculation.pipeline, c.generation.speculation.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
     assert c.generation == GenerationConfig()   # the library's defaults are the flags' defaults
     # Without authentication nobody can be told apart: every caller is 'anonymous', a service identity
     # (--max-sessions-per-service), so 64 anonymous users do not cap the whole coordinator.
@@ -31,8 +31,8 @@ def test_defaults():
 
 def test_coordinator_takes_a_verifier_pool():
     c = coordinator_args(["--verifier", "10.0.0.1:1, 10.0.0.2:2", "--pipeline", "on", "--on-verifier-loss", "draft-only"])
-    assert c.verifiers == ("10.0.0.1:1", "10.0.0.2:2") and c.generation.pipeline
-    assert c.generation.on_verifier_loss == "draft-only"
+    assert c.verifiers == ("10.0.0.1:1", "10.0.0.2:2") and c.generation.speculation.pipeline
+    assert c.generation.speculation.on_verifier_loss == "draft-only"
 
 
 def test_environment_overrides_defaults_and_flags_override_environment(monkeypatch):
@@ -45,8 +45,8 @@ def test_environment_overrides_defaults_and_flags_override_environment(monkeypat
     assert verifier_args([]).batch.max_batch == 1
     assert verifier_args(["--port", "7000"]).service.port == 7000
     assert drafter_args([]).quantize == "none"
-    assert coordinator_args([]).generation.default_window == 3
-    assert coordinator_args(["--window", "auto"]).generation.default_window == -1
+    assert coordinator_args([]).generation.speculation.window == 3
+    assert coordinator_args(["--window", "auto"]).generation.speculation.window == -1
 
 
 def test_free_drafts_default_on_and_can_be_turned_off(monkeypatch):
@@ -170,10 +170,10 @@ def test_environment_values_of_every_type_and_the_command_line_over_them(monkeyp
     assert d.backend == "ngram" and d.service.observability.log_format == "json"
     assert drafter_args(["--backend", "torch", "--log-format", "text"]).backend == "torch"
     c = coordinator_args([])
-    assert c.generation.pipeline and c.deadline_seconds == 7.5 and c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
+    assert c.generation.speculation.pipeline and c.deadline_seconds == 7.5 and c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
     assert c.observability.log_level == "warning"
     c = coordinator_args(["--pipeline", "off", "--deadline", "3", "--log-level", "info"])
-    assert not c.generation.pipeline and c.deadline_seconds == 3.0 and c.observability.log_level == "info"
+    assert not c.generation.speculation.pipeline and c.deadline_seconds == 3.0 and c.observability.log_level == "info"
     # A bad value on the command line is an error even with a good one in the environment.
     with pytest.raises(SystemExit) as raised:
         coordinator_args(["--deadline", "soon"])

@@ -116,6 +116,7 @@ from edgespec.engines.drafter import DrafterEngine  # noqa: E402
 from edgespec.engines.verifier import VerifierEngine  # noqa: E402
 from edgespec.errors import InvalidArgument  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate  # noqa: E402
 from edgespec.verify.sampling import Relaxation, SamplingParams  # noqa: E402
 from tests.tiny import target_only_greedy, tiny  # noqa: E402
@@ -161,7 +162,7 @@ def tree_rounds(tree_depth: int, new: int):
 
     async def go():
         verifier.open("s", prompt)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), tree_depth=tree_depth):
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), config=SpeculationConfig(tree_depth=tree_depth)):
             pass
 
     asyncio.run(go())
@@ -198,11 +199,11 @@ def test_a_relaxed_session_or_a_bad_tree_is_refused_and_changes_nothing():
 def test_the_coordinators_tree_depth_flag(monkeypatch, capsys):
     from services.coordinator.__main__ import parse_args
 
-    assert parse_args([]).generation.tree_depth == 0
-    assert parse_args(["--tree-depth", "2"]).generation.tree_depth == 2
+    assert parse_args([]).generation.speculation.tree_depth == 0
+    assert parse_args(["--tree-depth", "2"]).generation.speculation.tree_depth == 2
     monkeypatch.setenv("EDGESPEC_COORDINATOR_TREE_DEPTH", "3")
-    assert parse_args([]).generation.tree_depth == 3
-    assert parse_args(["--tree-depth", "auto"]).generation.tree_depth == -1
+    assert parse_args([]).generation.speculation.tree_depth == 3
+    assert parse_args(["--tree-depth", "auto"]).generation.speculation.tree_depth == -1
     for bad in ("-1", "5", "deep"):
         with pytest.raises(SystemExit) as exit_:
             parse_args(["--tree-depth", bad])

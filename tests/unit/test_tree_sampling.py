@@ -161,6 +161,7 @@ from edgespec.control.window import FixedWindow  # noqa: E402
 from edgespec.engines.drafter import DrafterEngine  # noqa: E402
 from edgespec.engines.verifier import VerifierEngine  # noqa: E402
 from edgespec.loop.session import SessionLog  # noqa: E402
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate  # noqa: E402
 from edgespec.verify.sampling import SamplingParams  # noqa: E402
 from tests.tiny import target_only_coupled, tiny  # noqa: E402
@@ -191,8 +192,7 @@ def tree_generation(params: SamplingParams, q_ids: int, max_new: int, window: in
     async def go():
         verifier.open("s", PROMPT, params)
         drafter.open("s", PROMPT, params, q_ids)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter, q_ids), port, FixedWindow(window), params,
-                                 tree_depth=depth):
+        async for _ in speculate(log, "s", InProcessDrafter(drafter, q_ids), port, FixedWindow(window), params, config=SpeculationConfig(tree_depth=depth)):
             pass
     asyncio.run(go())
     return log, port
