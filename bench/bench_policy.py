@@ -5,7 +5,7 @@
 One cluster (verifier on cpu 1, drafter and coordinators on cpu 0, one torch thread each, as bench-wan),
 one coordinator per adaptive policy (goodput, heuristic, awc), a delay proxy in front of the verifier.
 For each RTT and each acceptance regime (code and chat prompts) it runs fixed windows 1..4 and the three
-adaptive policies and records tokens/s and TPOT p50/p99 as the client sees them.
+adaptive policies and records tokens/s and ITL p50/p99 (the time between output tokens) as the client sees them.
 
 Fidelity: the RTT-0 fixed-window runs calibrate a cost profile (draft seconds per token, verify seconds per
 round by window, per-token acceptance per regime); DSD-Sim then predicts every fixed-window run at every
@@ -65,7 +65,7 @@ def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool,
         totals["verify_wall_seconds"] += s.verify_wall_seconds
     return {**totals, "tok_s": totals["tokens"] / totals["seconds"],
             "round_ms": 1000 * totals["seconds"] / max(1, totals["rounds"]),
-            **latency_ms("tpot", gaps)}
+            **latency_ms("itl", gaps)}
 
 
 def alpha_from(runs: list[dict]) -> float:
@@ -200,11 +200,11 @@ def markdown(report: dict) -> str:
     for result in report["results"]:
         for regime, rows in result["rows"].items():
             best_fixed = max(rows[n]["tok_s"] for n in names if n.isdigit())
-            cells = [f"{rows[n]['tok_s']:.2f} ({rows[n]['tpot_p50_ms']:.0f}/{rows[n]['tpot_p99_ms']:.0f})" for n in names]
+            cells = [f"{rows[n]['tok_s']:.2f} ({rows[n]['itl_p50_ms']:.0f}/{rows[n]['itl_p99_ms']:.0f})" for n in names]
             gains = ", ".join(f"{p} {rows[p]['tok_s'] / best_fixed - 1:+.0%}" for p in names if not p.isdigit())
             out.append(f"| {result['rtt_ms']:g} | {regime} | " + " | ".join(cells) + f" | {gains} |")
             errors += [(result["rtt_ms"], regime, n, rows[n]) for n in names if n.isdigit() and "tok_s_error" in rows[n]]
-    out += ["", "tokens/s (TPOT p50/p99 ms). Simulator error (DSD-Sim with the profile calibrated at RTT 0):", "",
+    out += ["", "tokens/s (ITL p50/p99 ms). Simulator error (DSD-Sim with the profile calibrated at RTT 0):", "",
             "| RTT ms | regime | k | real tok/s | sim tok/s | tok/s error | real round ms | sim round ms | round error |",
             "|---|---|---|---|---|---|---|---|---|"]
     for rtt, regime, k, r in errors:

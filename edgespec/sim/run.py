@@ -15,8 +15,8 @@ from edgespec.sim.scenario import run_scenario
 
 
 def table(results: list[dict]) -> str:
-    """Markdown: per scenario, tokens/s and TPOT p50/p99 per policy; best fixed vs goodput vs AWC."""
-    lines = ["| scenario | policy | tokens/s | TPOT p50 / p99 ms | mean k | acceptance |", "|---|---|---|---|---|---|"]
+    """Markdown: per scenario, tokens/s and ITL (time between tokens) p50/p99 per policy; best fixed vs goodput vs AWC."""
+    lines = ["| scenario | policy | tokens/s | ITL p50 / p99 ms | mean k | acceptance |", "|---|---|---|---|---|---|"]
     summary = ["| scenario | best fixed (k) tok/s | goodput tok/s (vs best fixed) | awc tok/s (vs best fixed) |",
                "|---|---|---|---|"]
     for result in results:
@@ -24,7 +24,7 @@ def table(results: list[dict]) -> str:
         for name, s in policies.items():
             acc = "-" if s["acceptance"] is None else f"{s['acceptance']:.2f}"
             lines.append(f"| {result['name']} | {name} | {s['tokens_per_second']:.2f} | "
-                         f"{s['tpot_p50_ms']:.0f} / {s['tpot_p99_ms']:.0f} | {s['mean_window']:.2f} | {acc} |")
+                         f"{s['itl_p50_ms']:.0f} / {s['itl_p99_ms']:.0f} | {s['mean_window']:.2f} | {acc} |")
         fixed = {n: s["tokens_per_second"] for n, s in policies.items() if n.startswith("fixed:")}
         if fixed:
             best = max(fixed, key=fixed.get)

@@ -107,7 +107,7 @@ def summarise(sim: Simulation, wall_seconds: float, bins: int = 40) -> dict:
     end, k, n, sec = (np.frombuffer(a, dtype=d) for a, d in
                       ((r.end, np.float64), (r.k, np.int32), (r.accepted, np.int32), (r.seconds, np.float64)))
     tokens = n + 1
-    tpot = np.repeat(sec / tokens, tokens)          # every token of a round gets that round's seconds/token
+    itl = np.repeat(sec / tokens, tokens)   # inter-token latency: every token of a round gets its seconds/token
     req_s = np.frombuffer(r.request_seconds, dtype=np.float64)
     req_t = np.frombuffer(r.request_tokens, dtype=np.int32)
     horizon = float(end.max()) if len(end) else 0.0
@@ -136,7 +136,7 @@ def summarise(sim: Simulation, wall_seconds: float, bins: int = 40) -> dict:
         "requests": int(len(req_s)),
         "tokens_per_second": float(req_t.sum() / req_s.sum()) if req_s.sum() > 0 else 0.0,
         "fleet_tokens_per_second": float(tokens.sum() / horizon) if horizon > 0 else 0.0,
-        **latency_ms("tpot", tpot), "tpot_mean_ms": float(tpot.mean() * 1e3) if len(tpot) else 0.0,
+        **latency_ms("itl", itl), "itl_mean_ms": float(itl.mean() * 1e3) if len(itl) else 0.0,
         **latency_ms("round", sec),
         "acceptance": float(n.sum() / drafted) if drafted else None,
         "tokens_per_round": float(tokens.mean()) if len(tokens) else 0.0,
