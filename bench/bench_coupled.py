@@ -21,6 +21,7 @@ from collections import defaultdict
 
 from bench.prompts import PROMPTS
 from bench.report import progress
+from edgespec.loop.session import acceptance
 
 log = logging.getLogger("edgespec.bench_coupled")
 
@@ -52,7 +53,7 @@ def run_one(verifier, drafter, prompt: list[int], max_new: int, window: int, par
 def summarise(rows: list[dict]) -> dict:
     drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
     tokens, rounds, seconds = (sum(r[key] for r in rows) for key in ("new_tokens", "rounds", "seconds"))
-    return dict(acceptance=accepted / drafted if drafted else 0.0, tokens_per_round=tokens / rounds if rounds else 0.0,
+    return dict(acceptance=acceptance(accepted, drafted), tokens_per_round=tokens / rounds if rounds else 0.0,
                 tokens_per_second=tokens / seconds if seconds else 0.0, generations=len(rows))
 
 

@@ -34,6 +34,7 @@ from edgespec.control.router import Arm, Router, SessionRouting, request_feature
 from bench.prompt_set import PROMPT_SET
 from bench.report import progress, track
 from edgespec.verify.greedy import common_prefix_length
+from edgespec.loop.session import acceptance
 
 log = logging.getLogger("edgespec.bench_drafters")
 
@@ -115,7 +116,7 @@ def replay(model, prompt: list[int], reference: list[int], k: int, start: int = 
 def summarize(rows: list[dict], verify: float) -> dict:
     tokens = sum(r["tokens"] for r in rows)
     rounds = sum(r["rounds"] for r in rows)
-    return {"prompts": len(rows), "acceptance": sum(r["accepted"] for r in rows) / max(1, sum(r["drafted"] for r in rows)),
+    return {"prompts": len(rows), "acceptance": acceptance(sum(r["accepted"] for r in rows), sum(r["drafted"] for r in rows)),
             "tokens_per_round": tokens / max(1, rounds),
             "tokens_per_second": tokens / (sum(r["draft_seconds"] for r in rows) + rounds * verify),
             "draft_ms_per_token": 1000 * sum(r["draft_seconds"] for r in rows) / max(1, sum(r["drafted"] for r in rows))}

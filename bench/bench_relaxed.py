@@ -30,6 +30,7 @@ from edge_client.client import generate
 from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from bench.report import progress
+from edgespec.loop.session import acceptance
 
 STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert ")
 CONFIGS = [   # name, temperature, --relaxed spec
@@ -80,7 +81,7 @@ async def one(address: str, prompt: str, chat: bool, max_new_tokens: int, window
 def summarize(rows: list[dict], reference: dict[str, list[int]] | None) -> dict:
     tokens = sum(len(r["tokens"]) for r in rows)
     out = {"prompts": len(rows), "tokens": tokens, "tokens_per_second": tokens / sum(r["seconds"] for r in rows),
-           "acceptance": sum(r["accepted"] for r in rows) / max(1, sum(r["drafted"] for r in rows)),
+           "acceptance": acceptance(sum(r["accepted"] for r in rows), sum(r["drafted"] for r in rows)),
            "tokens_per_round": tokens / max(1, sum(r["rounds"] for r in rows)),
            "target_logprob": sum(r["target_logprob"] * len(r["tokens"]) for r in rows) / max(1, tokens)}
     if "passed" in rows[0]:

@@ -63,7 +63,7 @@ class RoundStats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return acceptance(self.accepted, self.drafted)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -114,6 +114,12 @@ class SessionLog:
 
 
 PERCENTILES = (50, 99)   # the latency percentiles every summary reports
+
+
+def acceptance(accepted: int, drafted: int) -> float:
+    """Accepted / drafted draft tokens, the one formula of acceptance (0 where nothing was drafted): a round's,
+    a session's (RoundStats), or rows of generations pooled (their sums, not the mean of their rates)."""
+    return accepted / drafted if drafted else 0.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -49,9 +49,10 @@ class CoordinatorMetrics:
     def __init__(self, meter: Meter | None = None):
         m = _meter(meter)
         self.drafts = m.create_counter(
-            "edgespec.spec_decode.num_drafts", "{window}", "windows with k >= 1 drafted and verified")
+            "edgespec.spec_decode.num_drafts", "{window}", "windows with draft tokens verified (self-drafted too)")
         self.draft_tokens = m.create_counter(
-            "edgespec.spec_decode.num_draft_tokens", "{token}", "draft tokens proposed in verified windows")
+            "edgespec.spec_decode.num_draft_tokens", "{token}",
+            "draft tokens proposed in verified windows: the drafter's, free and self-drafted ones, runner-ups")
         self.accepted_tokens = m.create_counter(
             "edgespec.spec_decode.num_accepted_tokens", "{token}", "draft tokens the verifier accepted")
         self.accepted_per_position = m.create_counter(
@@ -94,10 +95,11 @@ class CoordinatorMetrics:
         if sample.self_drafted:
             self.self_drafted.add(sample.accepted, {"outcome": "accepted"})
             self.self_drafted.add(sample.self_drafted - sample.accepted, {"outcome": "rejected"})
-        if sample.k == 0:
+        drafted = sample.k + sample.siblings + sample.self_drafted   # as the session's stats count them
+        if drafted == 0:
             return
         self.drafts.add(1)
-        self.draft_tokens.add(sample.k + sample.siblings)
+        self.draft_tokens.add(drafted)
         if sample.siblings:
             taken = int(sample.took_sibling)
             self.tree_siblings.add(taken, {"outcome": "taken"})

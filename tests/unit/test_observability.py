@@ -34,6 +34,7 @@ from edgespec.verify.window import Window
 from edgespec.verify.sampling import SamplingParams
 from edgespec.net.security import SessionOwners
 from edgespec.loop.session import SessionLog
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.speculation import speculate
 from edgespec.control.sample import RoundSample
 from edgespec.backends.tokenizer import load_tokenizer
@@ -130,8 +131,7 @@ def test_in_process_run_has_one_round_span_per_round_and_counts_its_tokens(spans
     async def go():
         verifier.open("s1", prompt)
         with tracing.tracer().start_as_current_span("generate"):
-            async for _ in speculate(log, "s1", InProcessDrafter(drafter), InProcessVerifier(verifier), FixedWindow(3),
-                                     pipeline=pipeline, metrics=CoordinatorMetrics(meter.meter)):
+            async for _ in speculate(log, "s1", InProcessDrafter(drafter), InProcessVerifier(verifier), FixedWindow(3), config=SpeculationConfig(pipeline=pipeline), metrics=CoordinatorMetrics(meter.meter)):
                 pass
 
     asyncio.run(go())
@@ -241,7 +241,7 @@ def test_a_generation_over_grpc_is_one_trace_across_the_services(spans, meter):
         failover = FailoverVerifier(VerifierPool([verifier_address]),
                                     {verifier_address: GrpcVerifier(verifier_address, 30)}, 5, coordinator_metrics)
         coordinator_server, coordinator_address = await start(register_coordinator(CoordinatorServicer(
-            GenerationConfig(default_window=3, max_window=8, max_new_tokens=200), load_tokenizer("bytes"),
+            GenerationConfig(max_new_tokens=200, speculation=SpeculationConfig(window=3, max_window=8)), load_tokenizer("bytes"),
             {"draft": GrpcDrafter(drafter_address, 30)}, failover, metrics=coordinator_metrics)))
         try:
             async with grpc.aio.insecure_channel(coordinator_address) as channel:
@@ -398,3 +398,24 @@ def test_observability_flags_and_their_environment(monkeypatch):
     for bad in (["--metrics-port", "-1"], ["--log-format", "xml"]):
         with pytest.raises(SystemExit):
             coordinator_args(bad)
+
+
+def test_the_counters_count_draft_tokens_as_the_session_s_stats_do(meter):
+    """One meaning of "drafted": the drafter's chain, a tree's runner-ups, free drafts and the verifier's own
+    (cloud drafting) in both the session's stats and the Prometheus counters; target-only rounds in neither."""
+    from edgespec.loop.session import RoundStats
+
+    samples = [RoundSample(3, 2, 0.01, 0.05, 0.02, 1, "v:1"),
+               RoundSample(3, 1, 0.01, 0.05, 0.02, 1, "v:1", siblings=2, took_sibling=True),
+               RoundSample(0, 4, 0.0, 0.05, 0.04, 1, "v:1", self_drafted=6),
+               RoundSample(5, 5, 0.0, 0.05, 0.02, 1, "v:1", free=True),
+               RoundSample(0, 0, 0.0, 0.05, 0.02, 1, "v:1")]
+    stats, coordinator = RoundStats(), CoordinatorMetrics(meter.meter)
+    for sample in samples:
+        stats.record(sample)
+        coordinator.round(sample)
+    points = meter.read()
+    assert (stats.drafted, stats.accepted) == (3 + 5 + 6 + 5, 2 + 1 + 4 + 5)
+    assert total(points, "edgespec.spec_decode.num_draft_tokens") == stats.drafted
+    assert total(points, "edgespec.spec_decode.num_accepted_tokens") == stats.accepted
+    assert total(points, "edgespec.spec_decode.num_drafts") == 4   # every round but the target-only one
