@@ -116,7 +116,8 @@ def replay(model, prompt: list[int], reference: list[int], k: int, start: int = 
 def summarize(rows: list[dict], verify: float) -> dict:
     tokens = sum(r["tokens"] for r in rows)
     rounds = sum(r["rounds"] for r in rows)
-    return {"prompts": len(rows), "acceptance": acceptance(sum(r["accepted"] for r in rows), sum(r["drafted"] for r in rows)),
+    return {"prompts": len(rows),
+            "acceptance": acceptance(sum(r["accepted"] for r in rows), sum(r["drafted"] for r in rows)),
             "tokens_per_round": tokens / max(1, rounds),
             "tokens_per_second": tokens / (sum(r["draft_seconds"] for r in rows) + rounds * verify),
             "draft_ms_per_token": 1000 * sum(r["draft_seconds"] for r in rows) / max(1, sum(r["drafted"] for r in rows))}

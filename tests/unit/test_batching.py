@@ -84,7 +84,8 @@ def generate_concurrently(engine: VerifierEngine, policy: BatchPolicy, windows: 
             k = windows[i % len(windows)]
             telemetry = Telemetry()
             policy_ = GoodputWindow(telemetry, max_k=4) if k < 0 else FixedWindow(k)
-            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_, config=SpeculationConfig(pipeline=pipeline),
+            async for _ in speculate(log, f"s{i}", InProcessDrafter(drafter), port, policy_,
+                                     config=SpeculationConfig(pipeline=pipeline),
                                      telemetry=telemetry):
                 pass
             assert engine.committed(f"s{i}") == log.committed

@@ -74,7 +74,8 @@ def run(gen: Generations, request: GenerationRequest) -> tuple[list[int], Genera
 def generations(endpoints: dict, drafter, **config) -> Generations:
     tokenizer = load_tokenizer("bytes")
     verifier = FailoverVerifier(VerifierPool(list(endpoints)), endpoints, 5)
-    return Generations(GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(max_window=8, **config)), tokenizer,
+    return Generations(GenerationConfig(max_new_tokens=64,
+                                        speculation=SpeculationConfig(max_window=8, **config)), tokenizer,
                        lambda: TextStream(tokenizer), {"draft": drafter}, verifier)
 
 
@@ -147,7 +148,8 @@ def test_a_pool_whose_verifier_scores_no_trees_plans_chains_and_a_tree_sent_anyw
         engine.open("s", prompt)
 
         async def trees():
-            async for _ in speculate(log, "s", InProcessDrafter(DrafterEngine(lm)), endpoint, FixedWindow(3), config=SpeculationConfig(tree_depth=2)):
+            async for _ in speculate(log, "s", InProcessDrafter(DrafterEngine(lm)), endpoint, FixedWindow(3),
+                                     config=SpeculationConfig(tree_depth=2)):
                 pass
         with pytest.raises(InvalidArgument, match="score token trees"):
             asyncio.run(trees())

@@ -86,7 +86,8 @@ def generate(target, draft, params, policy, max_new=40, pipeline=False, verifier
     async def go():
         await port.open("s", log.committed, params)
         telemetry = policy.telemetry if isinstance(policy, GoodputWindow) else None   # the policy reads it
-        async for _ in speculate(log, "s", drafter, port, policy, params, config=SpeculationConfig(pipeline=pipeline), telemetry=telemetry):
+        async for _ in speculate(log, "s", drafter, port, policy, params,
+                                 config=SpeculationConfig(pipeline=pipeline), telemetry=telemetry):
             pass
     asyncio.run(go())
     return log

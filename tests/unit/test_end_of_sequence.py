@@ -37,7 +37,8 @@ def generate(request: GenerationRequest, window: int = 3) -> tuple[list[int], st
     endpoint = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
-    gen = Generations(GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(window=window, max_window=8)), tokenizer,
+    gen = Generations(GenerationConfig(max_new_tokens=64,
+                                       speculation=SpeculationConfig(window=window, max_window=8)), tokenizer,
                       lambda: TextStream(tokenizer), {"draft": InProcessDrafter(DrafterEngine(tiny(DRAFT)))}, verifier)
 
     async def go():

@@ -97,7 +97,8 @@ def run(target, draft, prompt, max_new, window, pipeline=False, verifier=None, p
 
     async def go():
         await port.open("s", prompt, params)
-        async for chunk in speculate(log, "s", drafter, port, FixedWindow(window), params, config=SpeculationConfig(pipeline=pipeline, on_verifier_loss=on_verifier_loss)):
+        async for chunk in speculate(log, "s", drafter, port, FixedWindow(window), params,
+                                     config=SpeculationConfig(pipeline=pipeline, on_verifier_loss=on_verifier_loss)):
             if events is not None:
                 events.append(chunk)
     asyncio.run(go())
@@ -217,7 +218,8 @@ def test_degraded_stream_resumes_verified_output_when_a_verifier_returns():
 
     async def go():
         await failover.open("s", PROMPT, SamplingParams())
-        async for chunk in speculate(log, "s", drafter, failover, FixedWindow(2), config=SpeculationConfig(on_verifier_loss="draft-only", max_unverified=4)):
+        async for chunk in speculate(log, "s", drafter, failover, FixedWindow(2),
+                                     config=SpeculationConfig(on_verifier_loss="draft-only", max_unverified=4)):
             events.append(chunk)
     asyncio.run(go())
     assert log.finish_reason in ("eos", "length") and log.unverified == 0 and log.stats.degraded == 1
@@ -342,7 +344,8 @@ def test_a_generation_ending_during_the_look_ahead_orphans_no_verify_call(how):
     log = SessionLog(PROMPT, 40, frozenset({TINY_EOS}))
 
     async def consume():
-        async for _ in speculate(log, "s", LookAheadFails(), failover, FixedWindow(3), config=SpeculationConfig(pipeline=True)):
+        async for _ in speculate(log, "s", LookAheadFails(), failover, FixedWindow(3),
+                                 config=SpeculationConfig(pipeline=True)):
             pass
 
     async def go():

@@ -58,7 +58,8 @@ class Endpoint(InProcessVerifier):
         await super().open(session_id, tokens, params)
 
 
-def generations(config=GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(window=3, max_window=8)), slots=None):
+def generations(config=GenerationConfig(max_new_tokens=64,
+                                        speculation=SpeculationConfig(window=3, max_window=8)), slots=None):
     endpoint = Endpoint(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
@@ -110,7 +111,8 @@ def test_a_generation_is_the_targets_greedy_output_with_its_text_and_stats():
         "resume-vocab"])
 def test_invalid_requests_are_refused_before_taking_a_slot(request_, field):
     owners = SessionOwners(1)
-    gen, endpoint = generations(GenerationConfig(max_new_tokens=64, max_prompt_tokens=50, speculation=SpeculationConfig(max_window=8)), owners)
+    gen, endpoint = generations(GenerationConfig(max_new_tokens=64, max_prompt_tokens=50,
+                                                 speculation=SpeculationConfig(max_window=8)), owners)
     with pytest.raises(InvalidArgument, match=field):
         collect(gen, request_)
     assert owners.open_sessions("anonymous") == 0 and endpoint.opened == []

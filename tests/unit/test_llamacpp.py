@@ -114,7 +114,8 @@ def run(lm, draft_lm, prompt, max_new, policy, params=SamplingParams(), pipeline
     async def go():
         await verifier.open("s", session.committed, params)
         telemetry = getattr(policy, "telemetry", None)   # the goodput policy reads the round loop's telemetry
-        async for _ in speculate(session, "s", drafter, verifier, policy, params, config=SpeculationConfig(pipeline=pipeline),
+        async for _ in speculate(session, "s", drafter, verifier, policy, params,
+                                 config=SpeculationConfig(pipeline=pipeline),
                                  telemetry=telemetry):
             pass
         await verifier.close("s")

@@ -50,7 +50,8 @@ def generate(request: GenerationRequest, **config):
     endpoint = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
     verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
     tokenizer = load_tokenizer("bytes")
-    gen = Generations(GenerationConfig(max_new_tokens=64, speculation=SpeculationConfig(max_window=8, **config)), tokenizer,
+    gen = Generations(GenerationConfig(max_new_tokens=64,
+                                       speculation=SpeculationConfig(max_window=8, **config)), tokenizer,
                       lambda: TextStream(tokenizer), {"draft": InProcessDrafter(DrafterEngine(tiny(DRAFT)), q_ids=16)},
                       verifier)
 

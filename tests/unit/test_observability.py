@@ -131,7 +131,9 @@ def test_in_process_run_has_one_round_span_per_round_and_counts_its_tokens(spans
     async def go():
         verifier.open("s1", prompt)
         with tracing.tracer().start_as_current_span("generate"):
-            async for _ in speculate(log, "s1", InProcessDrafter(drafter), InProcessVerifier(verifier), FixedWindow(3), config=SpeculationConfig(pipeline=pipeline), metrics=CoordinatorMetrics(meter.meter)):
+            async for _ in speculate(log, "s1", InProcessDrafter(drafter), InProcessVerifier(verifier), FixedWindow(3),
+                                     config=SpeculationConfig(pipeline=pipeline),
+                                     metrics=CoordinatorMetrics(meter.meter)):
                 pass
 
     asyncio.run(go())
@@ -241,7 +243,8 @@ def test_a_generation_over_grpc_is_one_trace_across_the_services(spans, meter):
         failover = FailoverVerifier(VerifierPool([verifier_address]),
                                     {verifier_address: GrpcVerifier(verifier_address, 30)}, 5, coordinator_metrics)
         coordinator_server, coordinator_address = await start(register_coordinator(CoordinatorServicer(
-            GenerationConfig(max_new_tokens=200, speculation=SpeculationConfig(window=3, max_window=8)), load_tokenizer("bytes"),
+            GenerationConfig(max_new_tokens=200,
+                             speculation=SpeculationConfig(window=3, max_window=8)), load_tokenizer("bytes"),
             {"draft": GrpcDrafter(drafter_address, 30)}, failover, metrics=coordinator_metrics)))
         try:
             async with grpc.aio.insecure_channel(coordinator_address) as channel:

@@ -32,7 +32,8 @@ def routed_run(first: str, prompt: bytes, max_new: int = 60, pipeline: bool = Fa
 
     async def go():
         verifier.open("s", list(prompt))
-        async for _ in speculate(log, "s", routed, InProcessVerifier(verifier), FixedWindow(4), config=SpeculationConfig(pipeline=pipeline)):
+        async for _ in speculate(log, "s", routed, InProcessVerifier(verifier), FixedWindow(4),
+                                 config=SpeculationConfig(pipeline=pipeline)):
             pass
         await routed.close("s")
 

@@ -183,7 +183,8 @@ def test_a_verifier_that_cannot_draft_for_itself_refuses_and_changes_nothing():
 
         async def go():
             engine.open("s", prompt)
-            async for _ in speculate(log, "s", DownDrafter(), InProcessVerifier(engine), FixedWindow(3), config=SpeculationConfig(cloud_draft="on")):
+            async for _ in speculate(log, "s", DownDrafter(), InProcessVerifier(engine), FixedWindow(3),
+                                     config=SpeculationConfig(cloud_draft="on")):
                 pass
 
         with pytest.raises(InvalidArgument, match="draft for itself"):

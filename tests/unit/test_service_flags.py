@@ -21,7 +21,8 @@ def test_defaults():
     c = coordinator_args([])
     assert (c.port, c.generation.speculation.window, c.verifiers, c.drafters) == (50051, -1, ("127.0.0.1:50061",),
                                                                              {"draft": "127.0.0.1:50062"})
-    assert (c.generation.speculation.pipeline, c.generation.speculation.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
+    speculation = c.generation.speculation
+    assert (speculation.pipeline, speculation.on_verifier_loss, c.failover_deadline_seconds) == (False, "fail", 30.0)
     assert c.generation == GenerationConfig()   # the library's defaults are the flags' defaults
     # Without authentication nobody can be told apart: every caller is 'anonymous', a service identity
     # (--max-sessions-per-service), so 64 anonymous users do not cap the whole coordinator.
@@ -170,7 +171,8 @@ def test_environment_values_of_every_type_and_the_command_line_over_them(monkeyp
     assert d.backend == "ngram" and d.service.observability.log_format == "json"
     assert drafter_args(["--backend", "torch", "--log-format", "text"]).backend == "torch"
     c = coordinator_args([])
-    assert c.generation.speculation.pipeline and c.deadline_seconds == 7.5 and c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
+    assert c.generation.speculation.pipeline and c.deadline_seconds == 7.5
+    assert c.verifiers == ("10.0.0.1:1", "10.0.0.2:2")
     assert c.observability.log_level == "warning"
     c = coordinator_args(["--pipeline", "off", "--deadline", "3", "--log-level", "info"])
     assert not c.generation.speculation.pipeline and c.deadline_seconds == 3.0 and c.observability.log_level == "info"

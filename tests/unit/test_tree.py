@@ -162,7 +162,8 @@ def tree_rounds(tree_depth: int, new: int):
 
     async def go():
         verifier.open("s", prompt)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3), config=SpeculationConfig(tree_depth=tree_depth)):
+        async for _ in speculate(log, "s", InProcessDrafter(drafter), port, FixedWindow(3),
+                                 config=SpeculationConfig(tree_depth=tree_depth)):
             pass
 
     asyncio.run(go())

@@ -192,7 +192,8 @@ def tree_generation(params: SamplingParams, q_ids: int, max_new: int, window: in
     async def go():
         verifier.open("s", PROMPT, params)
         drafter.open("s", PROMPT, params, q_ids)
-        async for _ in speculate(log, "s", InProcessDrafter(drafter, q_ids), port, FixedWindow(window), params, config=SpeculationConfig(tree_depth=depth)):
+        async for _ in speculate(log, "s", InProcessDrafter(drafter, q_ids), port, FixedWindow(window), params,
+                                 config=SpeculationConfig(tree_depth=depth)):
             pass
     asyncio.run(go())
     return log, port
