@@ -73,8 +73,8 @@ class SpeculationConfig:
         session cannot do (a note says why where the config asked for it). Settling a settled config changes
         nothing.
 
-        window: the request's (-1 or None: this config's); max_draft: the drafter's largest window (None: no
-        limit of its own); trees: why the session cannot have token trees nor cloud drafting ("" = it can: every
+        window: the request's (-1 or None: this config's); max_draft: the largest window the verifier takes, by its
+        Info (None: no limit of its own); trees: why the session cannot have token trees nor cloud drafting ("" = it can: every
         verifier of the pool scores trees); drafter_trees: why its drafter cannot draft token trees ("" = it
         can); free: whether a free drafter runs."""
         plan, notes = self, list(self.notes)
