@@ -35,6 +35,7 @@ from edge_client.client import generate
 from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from edgespec.engines.self_draft import SelfDraftConfig
+from edgespec.loop.session import RoundStats
 from bench.report import track
 
 log = logging.getLogger("edgespec.bench")
@@ -55,23 +56,21 @@ async def run_edgespec(address: str, prompt: str, max_new_tokens: int, window: i
 
 def summarize(rows: list[dict]) -> dict:
     """Aggregate tokens/s per (system, window, quantize) overall and per category."""
-    groups: dict[str, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0, 0, 0, 0]))
+    groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        key = row["config"]
         for scope in ("all", row["category"]):
-            acc = groups[key][scope]
-            acc[0] += row["new_tokens"]
-            acc[1] += row["seconds"]
-            acc[2] += row.get("accepted_tokens") or 0
-            acc[3] += row.get("drafted_tokens") or 0
-            acc[4] += row.get("rounds") or 0
-            acc[5] += 1 if row["identical_to_target"] is False else 0
+            groups[row["config"]][scope].append(row)
     out = {}
     for key, scopes in groups.items():
-        out[key] = {scope: dict(tokens=a[0], seconds=round(a[1], 3), tokens_per_second=round(a[0] / a[1], 3),
-                                acceptance_rate=round(a[2] / a[3], 3) if a[3] else None,
-                                mean_accepted_length=round((a[2] + a[4]) / a[4], 3) if a[4] else None,
-                                mismatches=a[5]) for scope, a in scopes.items()}
+        out[key] = {}
+        for scope, group in scopes.items():
+            tokens, seconds = sum(r["new_tokens"] for r in group), sum(r["seconds"] for r in group)
+            pooled = RoundStats.merged(RoundStats.of(r) for r in group)
+            out[key][scope] = dict(
+                tokens=tokens, seconds=round(seconds, 3), tokens_per_second=round(tokens / seconds, 3),
+                acceptance_rate=round(pooled.acceptance_rate, 3) if pooled.drafted else None,
+                mean_accepted_length=round(pooled.mean_accepted_length, 3) if pooled.rounds else None,
+                mismatches=sum(r["identical_to_target"] is False for r in group))
     return out
 
 
@@ -95,29 +94,18 @@ def depth_table(rows: list[dict]) -> str:
     """Per edgespec config: the window the policy chose (mean chain k and runner-ups per round) and the
     acceptance at each depth (rounds whose accepted path reached it / rounds whose window offered it; for
     cloud drafting, whose window is the verifier's own, reached / rounds)."""
-    configs: dict[str, dict] = defaultdict(lambda: dict(rounds=0, drafted=0, offered=[], accepted=[]))
+    configs: dict[str, list[RoundStats]] = defaultdict(list)
     for row in rows:
-        if "accepted_at_depth" not in row:
-            continue
-        acc = configs[row["config"]]
-        acc["rounds"] += row["rounds"]
-        acc["drafted"] += row["drafted_tokens"]
-        for key, values in (("offered", row["offered_at_depth"]), ("accepted", row["accepted_at_depth"])):
-            acc[key].extend([0] * (len(values) - len(acc[key])))
-            for d, value in enumerate(values):
-                acc[key][d] += value
+        if "accepted_at_depth" in row:
+            configs[row["config"]].append(RoundStats.of(row))
     if not configs:
         return ""
     lines = ["", "| system | mean k | runner-ups / round | acceptance by depth (1, 2, ...) |", "|---|---|---|---|"]
-    for config, acc in sorted(configs.items()):
-        rounds = max(1, acc["rounds"])
-        chain = sum(acc["offered"])
-        if acc["offered"]:
-            rates = [a / o if o else 0.0 for a, o in zip(acc["accepted"], acc["offered"])]
-        else:
-            rates = [a / rounds for a in acc["accepted"]]
-        lines.append(f"| {config} | {chain / rounds:.2f} | {(acc['drafted'] - chain) / rounds:.2f} | "
-                     + ", ".join(f"{r:.2f}" for r in rates[:8]) + " |")
+    for config, many in sorted(configs.items()):
+        pooled = RoundStats.merged(many)
+        rounds, chain = max(1, pooled.rounds), sum(pooled.offered_at_depth)
+        lines.append(f"| {config} | {chain / rounds:.2f} | {(pooled.drafted - chain) / rounds:.2f} | "
+                     + ", ".join(f"{r:.2f}" for r in pooled.acceptance_by_depth[:8]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -204,9 +192,7 @@ def main() -> None:
                     rows.append(dict(system="edgespec-sampling", config=f"edgespec sampling T={args.temperature} "
                                      f"k=auto draft={draft_name}", category=category, prompt=index, window=-1,
                                      quantize=quantize, new_tokens=len(tokens), seconds=seconds,
-                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
-                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
-                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
+                                     tokens_per_second=len(tokens) / seconds, **RoundStats.of(stats).reported(),
                                      identical_to_target=None, tokens=tokens))
                 for window, depth in ((w, d) for w in (-1 if w == "auto" else int(w) for w in args.windows.split(","))
                                       for d in depths if w != 0 or d == 0):
@@ -217,26 +203,16 @@ def main() -> None:
                     rows.append(dict(system="edgespec", config=config, category=category, prompt=index, window=window,
                                      tree_depth=depth,
                                      quantize=quantize, new_tokens=len(tokens), seconds=seconds,
-                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
-                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
-                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
-                                     draft_seconds=stats.draft_seconds, verify_wall_seconds=stats.verify_wall_seconds,
+                                     tokens_per_second=len(tokens) / seconds, **RoundStats.of(stats).reported(),
                                      identical_to_target=tokens == reference[index], tokens=tokens))
                     log.info("%s prompt %d (%s): %.2f tok/s, acceptance %.2f, identical %s", config, index, category,
                              len(tokens) / seconds, stats.acceptance_rate, tokens == reference[index])
-                    rows[-1].update(offered_at_depth=list(stats.offered_at_depth),
-                                    accepted_at_depth=list(stats.accepted_at_depth))
                 if cloud is not None:
                     tokens, seconds, stats = asyncio.run(run_edgespec(cloud.address, text, args.max_new_tokens, -1))
                     config = f"edgespec cloud-draft (PTD, {args.self_draft_nodes} tokens/pass)"
                     rows.append(dict(system="edgespec-cloud-draft", config=config, category=category, prompt=index,
                                      window=-1, quantize="-", new_tokens=len(tokens), seconds=seconds,
-                                     tokens_per_second=len(tokens) / seconds, acceptance_rate=stats.acceptance_rate,
-                                     mean_accepted_length=stats.mean_accepted_length, rounds=stats.rounds,
-                                     drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
-                                     verify_wall_seconds=stats.verify_wall_seconds,
-                                     offered_at_depth=list(stats.offered_at_depth),
-                                     accepted_at_depth=list(stats.accepted_at_depth),
+                                     tokens_per_second=len(tokens) / seconds, **RoundStats.of(stats).reported(),
                                      identical_to_target=tokens == reference[index], tokens=tokens))
                     log.info("%s prompt %d (%s): %.2f tok/s, %.2f tokens/round, identical %s", config, index, category,
                              len(tokens) / seconds, stats.mean_accepted_length, tokens == reference[index])

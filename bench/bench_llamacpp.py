@@ -37,7 +37,7 @@ from harness.cluster import LocalCluster
 from bench.llamacpp_tools import ensure_tools
 from bench.prompts import PROMPTS
 from bench.report import progress
-from edgespec.loop.session import latency_ms
+from edgespec.loop.session import acceptance, latency_ms
 from harness.link import LinkProfile
 from edge_client.client import generate
 from edgespec.control.goodput import best_rate
@@ -141,6 +141,7 @@ def run_mode(cluster: LocalCluster, label: str, texts: list[str], refs: list[dic
         rows.append({"mode": label, "prompt": index, "new_tokens": len(got), "decode_seconds": decode,
                      "tokens_per_second": len(got) / decode, "acceptance": stats.acceptance_rate,
                      "tokens_per_round": stats.mean_accepted_length, "drafted": stats.drafted_tokens,
+                     "accepted": stats.accepted_tokens,
                      **compare(got, ref), **extra, **({"tokens": got} if keep_tokens else {})})
         log.info("%s prompt %d: %.2f tok/s, acceptance %.2f, identical %s", label, index,
                  rows[-1]["tokens_per_second"], stats.acceptance_rate, rows[-1]["identical"])
@@ -150,12 +151,11 @@ def run_mode(cluster: LocalCluster, label: str, texts: list[str], refs: list[dic
 def aggregate(rows: list[dict]) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     seconds = sum(r["decode_seconds"] for r in rows)
-    drafted = sum(r["drafted"] for r in rows)
     tpot = [r["decode_seconds"] / r["new_tokens"] for r in rows if r["new_tokens"]]   # per request, as vLLM reports
+    drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
     return {"tokens_per_second": tokens / seconds, "identical": sum(r["identical"] for r in rows),
             **latency_ms("tpot", tpot),
-            "prompts": len(rows), "acceptance": (sum(r["acceptance"] * r["drafted"] for r in rows) / drafted
-                                                 if drafted else None)}
+            "prompts": len(rows), "acceptance": acceptance(accepted, drafted) if drafted else None}
 
 
 def ceiling(curve: dict[int, float], draft_per_step: float, alpha: float, rtt_steps: float, max_k: int = 8) -> float:

@@ -28,7 +28,7 @@ from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_policy
 from bench.report import progress
-from edgespec.loop.session import latency_ms
+from edgespec.loop.session import RoundStats, latency_ms
 from harness.link import LinkProfile, grpc_health_rtt_ms
 from edgespec.control import policies
 
@@ -49,20 +49,19 @@ async def _one(address: str, prompt: str, max_new: int, window: int, chat: bool)
 
 
 def run(address: str, prompts: list[str], max_new: int, window: int, chat: bool, bar=None) -> dict:
-    gaps, totals = [], dict(tokens=0, seconds=0.0, rounds=0, drafted=0, accepted=0, draft_seconds=0.0,
-                             verify_wall_seconds=0.0)
+    gaps, tokens, seconds, generations = [], 0, 0.0, []
     for prompt in prompts:
         token_gaps, s = asyncio.run(_one(address, prompt, max_new, window, chat))
         if bar is not None:
             bar.update(1)
         gaps += token_gaps
-        totals["tokens"] += s.new_tokens
-        totals["seconds"] += s.seconds - s.prefill_seconds
-        totals["rounds"] += s.rounds
-        totals["drafted"] += s.drafted_tokens
-        totals["accepted"] += s.accepted_tokens
-        totals["draft_seconds"] += s.draft_seconds
-        totals["verify_wall_seconds"] += s.verify_wall_seconds
+        tokens += s.new_tokens
+        seconds += s.seconds - s.prefill_seconds
+        generations.append(RoundStats.of(s))
+    pooled = RoundStats.merged(generations)
+    totals = dict(tokens=tokens, seconds=seconds, rounds=pooled.rounds, drafted=pooled.drafted,
+                  accepted=pooled.accepted, draft_seconds=pooled.draft_seconds,
+                  verify_wall_seconds=pooled.verify_wall_seconds)
     return {**totals, "tok_s": totals["tokens"] / totals["seconds"],
             "round_ms": 1000 * totals["seconds"] / max(1, totals["rounds"]),
             **latency_ms("itl", gaps)}

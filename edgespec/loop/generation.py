@@ -95,7 +95,9 @@ class TextChunk:
 
 @dataclass(frozen=True, slots=True)
 class GenerationStats:
-    """How a generation went. Fields as protobuf's GenerationStats (edgespec/v1/coordinator.proto)."""
+    """How a generation went. Fields as protobuf's GenerationStats (edgespec/v1/coordinator.proto); the round
+    counts and their derived values are the session's RoundStats, under the names RoundStats.reported gives them
+    (RoundStats.of reads them back)."""
     prompt_tokens: int             # tokens in the (templated) prompt
     new_tokens: int                # tokens generated (resumed ones included)
     rounds: int                    # windows verified
@@ -310,20 +312,14 @@ class Generations:
             "edgespec.acceptance": rounds.acceptance_rate, "edgespec.finish_reason": finish_reason,
             "edgespec.verifier": served_by, "edgespec.failovers": failover.failovers})
         yield GenerationStats(
-            prompt_tokens=len(checked.prompt), new_tokens=new, rounds=rounds.rounds, drafted_tokens=rounds.drafted,
-            accepted_tokens=rounds.accepted, acceptance_rate=rounds.acceptance_rate,
-            mean_accepted_length=rounds.mean_accepted_length, seconds=seconds, tokens_per_second=new / seconds,
-            draft_seconds=rounds.draft_seconds, verify_wall_seconds=rounds.verify_wall_seconds,
-            finish_reason=finish_reason, verifier=served_by, prefill_seconds=prefill,
+            **rounds.reported(), prompt_tokens=len(checked.prompt), new_tokens=new, seconds=seconds,
+            tokens_per_second=new / seconds, finish_reason=finish_reason, verifier=served_by, prefill_seconds=prefill,
             seed=params.seed, verification=verification_label(params), failovers=failover.failovers,
             recovery_seconds=failover.recovery_seconds, unverified_tokens=session.unverified, pipelined=plan.pipeline,
-            optimistic_windows=rounds.optimistic_windows, optimistic_hits=rounds.optimistic_hits,
             target_logprob=rounds.target_logprob / len(session.generated) if session.generated else 0.0,
             lossy=params.relaxation.lossy,
             drafter=drafter.label if isinstance(drafter, RoutedDrafter) else next(iter(self.drafters)),
-            stop_sequence=cutter.matched or "", offered_at_depth=list(rounds.offered_at_depth),
-            accepted_at_depth=list(rounds.accepted_at_depth), free_rounds=rounds.free_rounds,
-            free_drafted_tokens=rounds.free_drafted, free_accepted_tokens=rounds.free_accepted)
+            stop_sequence=cutter.matched or "")
 
     async def _validate(self, request: GenerationRequest) -> _Checked:
         config = self.config

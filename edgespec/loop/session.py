@@ -6,7 +6,7 @@ counts the round from its RoundSample.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from edgespec.control.sample import RoundSample
 from edgespec.verify.greedy import Verdict
@@ -61,9 +61,33 @@ class RoundStats:
                     setattr(total, name, mine + theirs)
         return total
 
+    def reported(self) -> dict[str, Any]:
+        """These counts under GenerationStats' names (REPORTED), with the derived values defined here."""
+        values = {theirs: _copied(getattr(self, mine)) for mine, theirs in REPORTED.items()}
+        return values | {"acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length}
+
+    @classmethod
+    def of(cls, reported: Any) -> "RoundStats":
+        """The counts a GenerationStats reports (the library's, protobuf's, or a bench row of its fields: a
+        mapping) back as a RoundStats, so that generations seen from a client pool and derive as sessions do.
+        A count the report lacks is 0."""
+        if isinstance(reported, Mapping):
+            values = {mine: reported.get(theirs) for mine, theirs in REPORTED.items()}
+        else:
+            values = {mine: getattr(reported, theirs, None) for mine, theirs in REPORTED.items()}
+        return cls(**{mine: _copied(value) for mine, value in values.items() if value is not None})
+
     @property
     def acceptance_rate(self) -> float:
         return acceptance(self.accepted, self.drafted)
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """[d - 1]: of the rounds whose window offered a token at depth d, the share whose accepted path reached
+        it; where no window's depths are known (the verifier's own drafts), of all rounds."""
+        if self.offered_at_depth:
+            return [acceptance(a, o) for a, o in zip(self.accepted_at_depth, self.offered_at_depth)]
+        return [acceptance(a, self.rounds) for a in self.accepted_at_depth]
 
     @property
     def mean_accepted_length(self) -> float:
@@ -113,6 +137,15 @@ class SessionLog:
         return tokens
 
 
+# RoundStats' counts that a generation reports (GenerationStats, protobuf's too), by the names it reports them
+# under: the one mapping between the two records. (degraded and target_logprob are reported otherwise: as the
+# finish reason and as a mean per token.)
+REPORTED = {"rounds": "rounds", "drafted": "drafted_tokens", "accepted": "accepted_tokens",
+            "draft_seconds": "draft_seconds", "verify_wall_seconds": "verify_wall_seconds",
+            "optimistic_windows": "optimistic_windows", "optimistic_hits": "optimistic_hits",
+            "free_rounds": "free_rounds", "free_drafted": "free_drafted_tokens", "free_accepted": "free_accepted_tokens",
+            "offered_at_depth": "offered_at_depth", "accepted_at_depth": "accepted_at_depth"}
+
 PERCENTILES = (50, 99)   # the latency percentiles every summary reports
 
 
@@ -132,6 +165,11 @@ def latency_ms(name: str, seconds: Sequence[float]) -> dict[str, float]:
     """A latency's percentiles in milliseconds under the one spelling every summary and JSON uses:
     ``NAME_p50_ms``, ``NAME_p99_ms`` (nearest rank; 0 for no values)."""
     return {f"{name}_p{q}_ms": 1000 * percentile(seconds, q / 100) for q in PERCENTILES}
+
+
+def _copied(value: Any) -> Any:
+    """A count as its own value: depth counts (a list, or protobuf's repeated field) copied to a list."""
+    return value if isinstance(value, (int, float)) else list(value)
 
 
 def _count_to(counts: list[int], depth: int) -> None:

@@ -73,3 +73,39 @@ def test_latencies_have_one_spelling_and_nearest_rank_percentiles():
     assert latency_ms("tpot", seconds) == pytest.approx({"tpot_p50_ms": 51.0, "tpot_p99_ms": 100.0})
     assert latency_ms("itl", []) == {"itl_p50_ms": 0.0, "itl_p99_ms": 0.0}
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+
+
+def test_a_generations_reported_counts_come_back_as_the_same_round_stats():
+    """GenerationStats (the library's and protobuf's) reports RoundStats under its own names, by one mapping:
+    a client pools what it was told as the coordinator pools sessions."""
+    from dataclasses import fields
+
+    from edgespec.loop.generation import GenerationStats
+    from edgespec.loop.session import REPORTED, RoundStats
+    from edgespec.v1 import coordinator_pb2 as pb
+
+    stats = RoundStats()
+    for sample in (RoundSample(3, 2, 0.1, 0.4), RoundSample(4, 4, 0.2, 0.5, free=True), RoundSample(0, 0, 0.0, 0.2)):
+        stats.record(sample)
+    stats.optimistic_windows, stats.optimistic_hits = 3, 2
+    reported = stats.reported()
+    assert set(REPORTED.values()) <= {f.name for f in fields(GenerationStats)}
+    assert set(reported) <= set(pb.GenerationStats.DESCRIPTOR.fields_by_name)
+    assert reported["acceptance_rate"] == stats.acceptance_rate and reported["free_drafted_tokens"] == 4
+    wire = pb.GenerationStats(**reported)
+    counted = dict(degraded=0, target_logprob=0.0)   # not reported as counts (finish reason; a mean per token)
+    assert RoundStats.of(wire) == stats == RoundStats.of(reported)
+    assert RoundStats.merged([RoundStats.of(wire), RoundStats.of(dict(rounds=2, drafted_tokens=1))]).rounds == 5
+    assert RoundStats.of(dict(config="target-only")) == RoundStats(**counted)   # a row with no rounds counts 0
+    row = dict(offered_at_depth=[1])
+    stats.offered_at_depth.append(9), RoundStats.of(row).offered_at_depth.append(9)
+    assert reported["offered_at_depth"] == [2, 2, 2, 1] and row["offered_at_depth"] == [1]   # copies, not views
+
+
+def test_acceptance_by_depth_is_per_offered_depth_or_per_round_where_depths_are_unknown():
+    from edgespec.loop.session import RoundStats
+
+    edge = RoundStats(rounds=4, offered_at_depth=[4, 2], accepted_at_depth=[3, 1])
+    assert edge.acceptance_by_depth == [0.75, 0.5]
+    cloud = RoundStats(rounds=4, drafted=12, accepted_at_depth=[2, 1])
+    assert cloud.acceptance_by_depth == [0.5, 0.25] and RoundStats().acceptance_by_depth == []
