@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                     row = run_one(verifier, drafter, prompt, args.tokens, args.window, params, args.q_ids)
                     rows.append(dict(category=category, prompt=index, seed=seed, sampler=sampler, **row))
                     log.info("%d/%d %s prompt %d seed %d %s: acceptance %.2f, %.2f tokens/round", len(rows), total,
-                             category, index, seed, sampler, row["accepted"] / max(1, row["drafted"]),
+                             category, index, seed, sampler, acceptance(row["accepted"], row["drafted"]),
                              row["new_tokens"] / max(1, row["rounds"]))
                     bar.update(1)
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
