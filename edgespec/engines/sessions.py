@@ -14,6 +14,13 @@ from edgespec.errors import NotFound
 from edgespec.verify.sampling import SamplingParams
 
 
+def sweep_period(idle_ttl_seconds: float, forget_after_seconds: float) -> float | None:
+    """How often an engine's service looks for idle sessions: a quarter of the shortest idle limit (None: never,
+    both are off)."""
+    limits = [s for s in (idle_ttl_seconds, forget_after_seconds) if s]
+    return min(limits) / 4 if limits else None
+
+
 @dataclass(frozen=True, slots=True)
 class Evictions:
     kv_dropped: list[str]    # sessions whose KV cache was freed (rebuilt on their next call)

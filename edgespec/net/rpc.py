@@ -9,7 +9,7 @@ import errno
 import logging
 import signal
 import socket
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Coroutine, Iterable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -143,24 +143,30 @@ def why_not_bindable(host: str, port: int) -> str:
 
 
 async def serve(server: grpc.aio.Server, health_servicer: Health, what: str,
-                address: str, grace_seconds: float) -> None:
+                address: str, grace_seconds: float, background: Coroutine | None = None) -> None:
     """Start, log the address, and run until SIGINT/SIGTERM; then drain gracefully.
 
     On a signal health turns NOT_SERVING (watchers hear it), new calls are refused, and calls in flight,
-    health Watch streams included, get ``grace_seconds`` to finish before they are cancelled.
+    health Watch streams included, get ``grace_seconds`` to finish before they are cancelled. ``background``
+    (an engine's idle sweep) runs while the server does and is cancelled when it stops, however it stops.
     """
-    await health_servicer.serving()
-    await server.start()
-    log.info("%s listening on %s", what, address)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("%s shutting down (grace %.1fs)", what, grace_seconds)
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace_seconds)
-    log.info("%s stopped", what)
+    task = asyncio.ensure_future(background) if background is not None else None
+    try:
+        await health_servicer.serving()
+        await server.start()
+        log.info("%s listening on %s", what, address)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("%s shutting down (grace %.1fs)", what, grace_seconds)
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(grace_seconds)
+        log.info("%s stopped", what)
+    finally:
+        if task is not None:
+            task.cancel()
 
 
 def run(main_coro, what: str = "service", fatal: tuple[type[BaseException], ...] = ()) -> None:

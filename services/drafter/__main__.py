@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from edgespec.net import placement, rpc
 from edgespec.net.wire import capabilities_to_pb
 from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.engines.drafter import DrafterLimits
+from edgespec.engines.sessions import sweep_period
 
 log = logging.getLogger("edgespec.drafter")
 
@@ -31,12 +31,6 @@ class DrafterConfig:
     cross_tokenizer: str | None = None   # target tokenizer spec: draft in its token space through text (backend torch)
     idle_ttl_seconds: float = 300.0      # evict the KV cache of a session idle this long (0 = never)
     forget_after_seconds: float = 3600.0 # drop a session idle this long, freeing its owner's slot (0 = never)
-
-
-def sweep_period(config: "DrafterConfig") -> float | None:
-    """How often to look for idle sessions: a quarter of the shortest idle limit (None = never)."""
-    limits = [s for s in (config.idle_ttl_seconds, config.forget_after_seconds) if s]
-    return min(limits) / 4 if limits else None
 
 
 def parse_args(argv: list[str] | None = None) -> DrafterConfig:
@@ -195,13 +189,11 @@ async def main(config: DrafterConfig) -> None:
                                              config.security.max_message_bytes, credentials, interceptors)
     log.info("draft %s on %s; idle sessions: KV evicted after %gs, dropped after %gs (0 = never)",
              model.name, model.placement, drafter.idle_ttl_seconds, drafter.forget_after_seconds)
-    period = sweep_period(drafter)
-    sweeper = asyncio.ensure_future(servicer.sweep(period)) if period else None
+    period = sweep_period(drafter.idle_ttl_seconds, drafter.forget_after_seconds)
     try:
-        await rpc.serve(server, health, "drafter", f"{config.host}:{port}", config.grace_seconds)
+        await rpc.serve(server, health, "drafter", f"{config.host}:{port}", config.grace_seconds,
+                        servicer.sweep(period) if period else None)
     finally:
-        if sweeper is not None:
-            sweeper.cancel()
         servicer.worker.shutdown()
         exports.shutdown()
 

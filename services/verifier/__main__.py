@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -18,6 +17,7 @@ from edgespec.net import rpc
 from edgespec.engines.batching import BatchPolicy
 from edgespec.net.flags import ModelServiceConfig, model_service_config, model_service_parser
 from edgespec.engines.self_draft import SelfDraftConfig
+from edgespec.engines.sessions import sweep_period
 from edgespec.engines.verifier import VerifierLimits
 from edgespec.backends import llamacpp, vllm_lm
 from edgespec.backends.vllm_lm import VllmOptions
@@ -236,12 +236,6 @@ def fitted_limits(limits: VerifierLimits, target) -> VerifierLimits:
                    max_session_tokens=min(limits.max_session_tokens, target.session_tokens))
 
 
-def sweep_period(limits: VerifierLimits) -> float | None:
-    """How often to look for idle sessions: a quarter of the shortest idle limit (None = never)."""
-    limits_set = [s for s in (limits.idle_ttl_seconds, limits.forget_after_seconds) if s]
-    return min(limits_set) / 4 if limits_set else None
-
-
 async def main(config: VerifierConfig) -> None:
     from edgespec.engines.batching import VerifyScheduler
     from edgespec.engines.profile import describe, forward_profile
@@ -287,13 +281,11 @@ async def main(config: VerifierConfig) -> None:
              "queue %d, KV %d bytes/token", target.name, target.placement, sorted(engine.eos_ids),
              config.batch.max_batch, 1000 * config.batch.wait_seconds, config.batch.wait_fraction,
              config.batch.max_queue, target.kv_bytes_per_token)
-    period = sweep_period(config.limits)
-    sweeper = asyncio.ensure_future(servicer.sweep(period)) if period else None
+    period = sweep_period(config.limits.idle_ttl_seconds, config.limits.forget_after_seconds)
     try:
-        await rpc.serve(server, health, "verifier", f"{service.host}:{port}", service.grace_seconds)
+        await rpc.serve(server, health, "verifier", f"{service.host}:{port}", service.grace_seconds,
+                        servicer.sweep(period) if period else None)
     finally:
-        if sweeper is not None:
-            sweeper.cancel()
         servicer.worker.shutdown()
         exports.shutdown()
 
