@@ -455,3 +455,72 @@ def test_a_window_that_arrives_during_another_sessions_steps_joins_the_next_step
     assert engine.committed("steps") == PROMPTS[0] + target_only_greedy(TARGET, PROMPTS[0], 8)
     assert engine.committed("other") == PROMPTS[1] + target_only_greedy(TARGET, PROMPTS[1], 3)
     assert other_result.verdict.accepted == 2 and steps_result.committed_position == len(PROMPTS[0]) + 8
+
+
+def test_a_window_of_steps_alone_takes_its_steps_in_one_worker_call_and_each_forward_is_reported():
+    """Nothing else waiting: every step in one worker call (no hop through the event loop between steps), each
+    forward reported on its own (metrics and the gather rule see forwards, not calls), the verdict unchanged."""
+    engine = VerifierEngine(tiny(TARGET), [TINY_EOS], VerifierLimits(max_window=8))
+    alone = VerifierEngine(tiny(TARGET), [TINY_EOS], VerifierLimits(max_window=8))
+    for e in (engine, alone):
+        e.open("steps", PROMPTS[0])
+    steps = Window(0, len(PROMPTS[0]), (), steps=6)
+
+    async def go():
+        worker = ModelWorker("test-verifier")
+        calls = []
+        original = worker.call
+
+        async def counted(fn, *args):
+            calls.append(fn.__name__)
+            return await original(fn, *args)
+        worker.call = counted
+        done = []
+        scheduler = VerifyScheduler(engine, worker, BatchPolicy(), on_batch=done.append)
+        result, _ = await scheduler.verify("steps", steps)
+        worker.shutdown()
+        return result, calls, done, scheduler.rule.forward_curve
+
+    result, calls, done, curve = asyncio.run(go())
+    assert calls == ["_verify"]
+    assert [(d.windows, d.tokens) for d in done] == [(1, 1)] * 6 and all(d.seconds > 0 for d in done)
+    assert set(curve) == {1}
+    assert result.verdict == alone.verify_batch([("steps", steps)])[0].verdict
+    assert engine.committed("steps") == PROMPTS[0] + target_only_greedy(TARGET, PROMPTS[0], 6)
+
+
+def test_a_worker_call_queued_during_steps_runs_between_them_not_after_them():
+    """A session opening (its prefill is a worker call of its own) while another takes steps gets the worker after
+    the step under way, not after all of them."""
+    class Gated(VerifierEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.forwards, self.started, self.first = 0, threading.Event(), threading.Event()
+
+        def verify_step(self, requests, going=()):
+            if not self.forwards:
+                self.started.set()
+                self.first.wait(10)
+            self.forwards += 1
+            return super().verify_step(requests, going)
+
+    engine = Gated(tiny(TARGET), [TINY_EOS], VerifierLimits(max_window=8))
+    engine.open("steps", PROMPTS[0])
+    steps = Window(0, len(PROMPTS[0]), (), steps=8)
+
+    async def go():
+        worker = ModelWorker("test-verifier")
+        scheduler = VerifyScheduler(engine, worker, BatchPolicy())
+        stepping = asyncio.ensure_future(scheduler.verify("steps", steps))
+        while not engine.started.is_set():
+            await asyncio.sleep(0.01)
+        opening = asyncio.ensure_future(worker.call(lambda: engine.forwards))
+        await asyncio.sleep(0.05)
+        engine.first.set()
+        (seen, _), (result, _) = await asyncio.gather(opening, stepping)
+        worker.shutdown()
+        return seen, result
+
+    seen, result = asyncio.run(go())
+    assert seen == 1                      # it ran after the first step, before the second
+    assert engine.committed("steps") == PROMPTS[0] + target_only_greedy(TARGET, PROMPTS[0], 8)
