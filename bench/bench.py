@@ -27,11 +27,10 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
-from edge_client.client import generate
+from edge_client.client import collect
 from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from edgespec.engines.self_draft import SelfDraftConfig
@@ -43,15 +42,9 @@ log = logging.getLogger("edgespec.bench")
 
 async def run_edgespec(address: str, prompt: str, max_new_tokens: int, window: int, temperature: float = 0.0,
                        seed: int | None = None) -> tuple[list[int], float, object]:
-    started = time.perf_counter()
-    tokens, stats = [], None
-    async for event in generate(address, prompt, max_new_tokens, window, chat=True, timeout_seconds=900,
-                                temperature=temperature, seed=seed):
-        if event.HasField("chunk"):
-            tokens.extend(event.chunk.token_ids)
-        else:
-            stats = event.stats
-    return tokens, time.perf_counter() - started, stats
+    run = await collect(address, prompt, max_new_tokens, window, chat=True, timeout_seconds=900,
+                        temperature=temperature, seed=seed)
+    return run.tokens, run.seconds, run.stats
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -40,23 +40,11 @@ log = logging.getLogger("bench.floor")
 
 async def timed(address: str, prompt: str, tokens: int, window: int) -> dict:
     """One generation through the coordinator: its tokens, TTFT, decode rate after the first chunk, stats."""
-    from edge_client.client import generate
+    from edge_client.client import collect
 
-    started = time.perf_counter()
-    first = last = None
-    out, first_tokens, stats = [], 0, None
-    async for event in generate(address, prompt, tokens, window, chat=True, timeout_seconds=1800):
-        if event.HasField("chunk"):
-            if event.chunk.token_ids:
-                last = time.perf_counter()
-                if first is None:
-                    first, first_tokens = last, len(event.chunk.token_ids)
-            out.extend(event.chunk.token_ids)
-        else:
-            stats = event.stats
-    decode_tokens = len(out) - first_tokens
-    return {"tokens": out, "ttft": first - started, "e2e": last - started,
-            "decode_tps": decode_tokens / (last - first) if decode_tokens and last > first else float("nan"),
+    run = await collect(address, prompt, tokens, window, chat=True, timeout_seconds=1800)
+    stats = run.stats
+    return {"tokens": run.tokens, "ttft": run.ttft, "e2e": run.seconds, "decode_tps": run.decode_tps,
             "rounds": stats.rounds, "free_rounds": stats.free_rounds, "free_drafted": stats.free_drafted_tokens,
             "free_accepted": stats.free_accepted_tokens, "drafted": stats.drafted_tokens,
             "accepted": stats.accepted_tokens}

@@ -39,7 +39,7 @@ from bench.prompts import PROMPTS
 from bench.report import progress
 from edgespec.loop.session import acceptance, latency_ms
 from harness.link import LinkProfile
-from edge_client.client import generate
+from edge_client.client import collect
 from edgespec.control.goodput import best_rate
 
 log = logging.getLogger("edgespec.bench_llamacpp")
@@ -86,13 +86,8 @@ def speculative_simple(tool: Path, target: Path, draft: Path, prompt_text: str, 
 # -- edgespec on llama.cpp --------------------------------------------------------------------------------
 
 async def run_edgespec(address: str, prompt: str, tokens: int, window: int) -> tuple[list[int], object]:
-    out, stats = [], None
-    async for event in generate(address, prompt, tokens, window, chat=True, timeout_seconds=1800):
-        if event.HasField("chunk"):
-            out.extend(event.chunk.token_ids)
-        else:
-            stats = event.stats
-    return out, stats
+    run = await collect(address, prompt, tokens, window, chat=True, timeout_seconds=1800)
+    return run.tokens, run.stats
 
 
 def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict]:

@@ -25,7 +25,6 @@ import asyncio
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from harness.cluster import LocalCluster
@@ -41,13 +40,10 @@ SYSTEM = ("You are a careful senior software engineer who reviews code and answe
 
 
 async def one(address: str, prompt: str, chat: bool, max_new: int, window: int, **sampling) -> tuple[list[int], float]:
-    from edge_client.client import generate
+    from edge_client.client import collect
 
-    started, tokens = time.perf_counter(), []
-    async for event in generate(address, prompt, max_new, window, chat=chat, timeout_seconds=600, **sampling):
-        if event.HasField("chunk"):
-            tokens.extend(event.chunk.token_ids)
-    return tokens, time.perf_counter() - started
+    run = await collect(address, prompt, max_new, window, chat=chat, timeout_seconds=600, **sampling)
+    return run.tokens, run.seconds
 
 
 def workloads(sessions: int) -> dict[str, list[tuple[str, bool, int, int, dict]]]:

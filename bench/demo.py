@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edge_client.client import generate
+from edge_client.client import collect
 from harness.cluster import REPO_ROOT, LocalCluster, ServiceFailed
 
 # Two prompts, as users send them: one whose answer repeats the prompt (an edit: free drafts copy it), and one
@@ -52,16 +52,12 @@ FLOOR = 0.98   # below this ratio to target-only, the demo says the floor failed
 
 
 async def stream(address: str, prompt: str, max_new_tokens: int, window: int, echo: bool):
-    tokens, stats = [], None
-    async for event in generate(address, prompt, max_new_tokens, window, chat=True, timeout_seconds=1800):
-        if event.HasField("chunk"):
-            tokens.extend(event.chunk.token_ids)
-            if echo:
-                sys.stdout.write(event.chunk.text)
-                sys.stdout.flush()
-        else:
-            stats = event.stats
-    return tokens, stats
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    run = await collect(address, prompt, max_new_tokens, window, show if echo else None, chat=True,
+                        timeout_seconds=1800)
+    return run.tokens, run.stats
 
 
 def cluster_layout(backend: str, quantize: str, one_host: bool = False) -> dict:

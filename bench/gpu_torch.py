@@ -119,24 +119,11 @@ def numerics(model_dir: str, device: str, largest: int, context: int = 64) -> di
 
 
 async def _edgespec_one(address: str, prompt: str, tokens: int, window: int) -> dict:
-    from edge_client.client import generate
+    from edge_client.client import collect
 
-    started = time.perf_counter()
-    first = last = None
-    ids: list[int] = []
-    first_count = 0
-    stats = None
-    async for event in generate(address, prompt, tokens, window, chat=True, timeout_seconds=600):
-        now = time.perf_counter()
-        if event.HasField("chunk"):
-            if first is None:
-                first, first_count = now, len(event.chunk.token_ids)
-            ids.extend(event.chunk.token_ids)
-            last = now
-        else:
-            stats = event.stats
-    decode = (len(ids) - first_count) / (last - first) if last and last > first else float("nan")
-    return {"tokens": ids, "ttft": first - started, "decode_tps": decode,
+    run = await collect(address, prompt, tokens, window, chat=True, timeout_seconds=600)
+    stats = run.stats
+    return {"tokens": run.tokens, "ttft": run.ttft, "decode_tps": run.decode_tps,
             "rounds": stats.rounds, "acceptance": stats.acceptance_rate,
             "tokens_per_round": stats.mean_accepted_length}
 

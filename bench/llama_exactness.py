@@ -27,7 +27,7 @@ import numpy as np
 from bench.bench_llamacpp import compare
 from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
-from edge_client.client import generate
+from edge_client.client import collect
 
 
 def references(prompt_ids: list[list[int]], tokens: int, threads: int, exact: bool) -> list[dict]:
@@ -81,13 +81,8 @@ def cli_check(texts: list[str], refs: list[dict], tokens: int, flags: str, token
 
 
 async def one(address: str, text: str, tokens: int, window: int) -> tuple[list[int], object]:
-    out, stats = [], None
-    async for event in generate(address, text, tokens, window, chat=True, timeout_seconds=3600):
-        if event.HasField("chunk"):
-            out.extend(event.chunk.token_ids)
-        else:
-            stats = event.stats
-    return out, stats
+    run = await collect(address, text, tokens, window, chat=True, timeout_seconds=3600)
+    return run.tokens, run.stats
 
 
 async def many(address: str, texts: list[str], tokens: int, window: int) -> list[tuple[list[int], object]]:

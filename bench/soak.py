@@ -35,7 +35,7 @@ from pathlib import Path
 
 import grpc
 
-from edge_client.client import generate
+from edge_client.client import collect
 from edgespec.net.rpc import RETRY_AFTER_KEY
 from bench.report import process_memory_mib
 from harness.cluster import LocalCluster, Service
@@ -86,11 +86,7 @@ def retry_after_seconds(error: grpc.aio.AioRpcError) -> float:
 
 
 async def generate_once(address: str, prompt: str, max_new: int, timeout: float) -> list[int]:
-    tokens = []
-    async for event in generate(address, prompt, max_new, chat=True, timeout_seconds=timeout):
-        if event.HasField("chunk"):
-            tokens.extend(event.chunk.token_ids)
-    return tokens
+    return (await collect(address, prompt, max_new, chat=True, timeout_seconds=timeout)).tokens
 
 
 async def client_loop(index: int, address: str, config: argparse.Namespace, tally: Tally, until: float) -> None:

@@ -61,6 +61,52 @@ async def generate(address: str, prompt: str, max_new_tokens: int, window: int =
             yield event
 
 
+@dataclass(slots=True)
+class Generated:
+    """One generation read whole (collect): its tokens, its final stats, and when its token chunks came."""
+    tokens: list[int]              # token ids streamed, in order
+    stats: pb.GenerationStats | None   # the last event (None if the stream ended without one)
+    started: float                 # time.perf_counter() when the call began
+    first: float | None = None     # ... when the first chunk with tokens came
+    last: float | None = None      # ... when the last one came
+    first_tokens: int = 0          # tokens in the first chunk
+
+    @property
+    def ttft(self) -> float:
+        """Seconds to the first token (NaN if none came)."""
+        return self.first - self.started if self.first is not None else float("nan")
+
+    @property
+    def seconds(self) -> float:
+        """Seconds to the last token (NaN if none came)."""
+        return self.last - self.started if self.last is not None else float("nan")
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens per second after the first chunk (NaN with no tokens after it)."""
+        after = len(self.tokens) - self.first_tokens
+        return after / (self.last - self.first) if after and self.last > self.first else float("nan")
+
+
+async def collect(address: str, prompt: str, max_new_tokens: int, window: int = -1,
+                  on_text: Callable[[str], None] | None = None, **options) -> Generated:
+    """generate() read to its end: the tokens, the stats and the chunks' times. ``on_text`` hears each chunk's
+    text as it comes (echo); ``options`` are generate()'s."""
+    out = Generated([], None, time.perf_counter())
+    async for event in generate(address, prompt, max_new_tokens, window, **options):
+        if event.HasField("chunk"):
+            if on_text is not None:
+                on_text(event.chunk.text)
+            if event.chunk.token_ids:
+                out.last = time.perf_counter()
+                if out.first is None:
+                    out.first, out.first_tokens = out.last, len(event.chunk.token_ids)
+            out.tokens.extend(event.chunk.token_ids)
+        elif event.HasField("stats"):
+            out.stats = event.stats
+    return out
+
+
 RELAXED_HELP = ("LOSSY relaxed verification, off by default: 'diversed:W' (verify against w*q + (1-w)*p, "
                 "W in [0, 0.95]), 'diversed:learned[:CAP]' (w per position from the verifier's learned head, "
                 "at most CAP, default 0.9), 'diversed:task[=code|qa|chat]' (the coordinator's measured weight for "
