@@ -294,7 +294,7 @@ class VerifyScheduler:
         meanwhile), and each forward's size and time.
 
         Handing every step back to the event loop cost a target-only session ~3% of its decode rate on a CPU
-        shared by the loop and the worker (measured: window 0 at 0.97x llama.cpp alone, 1.03x with the steps in
+        shared by the loop and the worker (measured: window 0 at 0.97x llama.cpp alone, 1.02x with the steps in
         one call); a window that arrives meanwhile still joins the next step, and a session opening meanwhile
         gets the worker after it (both are read between steps: a deque's and an int's size, safe to read from
         this thread)."""

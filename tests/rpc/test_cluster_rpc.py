@@ -63,6 +63,21 @@ def test_generate_over_grpc_equals_target_only_greedy(cluster, window):
             assert stats.drafted_tokens == 0 and stats.rounds == len(tokens)
 
 
+def test_the_client_s_collect_reads_the_whole_stream_as_its_chunks_say(cluster):
+    """edge_client.collect: the tokens and stats of the stream, its text as it came, and times in order."""
+    from edge_client.client import collect as read_whole
+
+    prompt = PROMPTS[1]
+    chunks, stats = collect(cluster.coordinator.address, prompt, 32, 0)
+    heard = []
+    run = asyncio.run(read_whole(cluster.coordinator.address, prompt, 32, 0, heard.append, chat=False,
+                                 timeout_seconds=120))
+    assert run.tokens == [t for c in chunks for t in c.token_ids] and run.stats.new_tokens == stats.new_tokens
+    assert "".join(heard) == "".join(c.text for c in chunks)
+    assert run.first_tokens == len(next(c for c in chunks if c.token_ids).token_ids)
+    assert 0 < run.ttft <= run.seconds and run.decode_tps > 0
+
+
 @pytest.mark.parametrize("kwargs,field", [
     (dict(prompt="", max_new_tokens=5), "prompt"),
     (dict(prompt="   ", max_new_tokens=5), "prompt"),
