@@ -1,7 +1,7 @@
 """A drafter measures what a drafted token costs when it starts and reports it in its Info. The coordinator costs
 drafting by it until rounds measure it, so where the verifier's own profile says that drafting cannot pay (here
 SmolLM2 drafting for itself: a drafted token costs a target step), an adaptive-window session never runs the
-drafter, nor prefills its prompt there, to find that out. Real llama.cpp services, SmolLM2-135M GGUF."""
+drafter, nor prefills its prompt there, to find that out (free drafts, which cost nothing, still may run). Real llama.cpp services, SmolLM2-135M GGUF."""
 import asyncio
 
 import pytest
@@ -27,7 +27,10 @@ def test_a_drafter_that_cannot_pay_is_never_opened(tmp_path):
         wait_for_log(cluster.coordinator, "a drafted token costs")   # the coordinator has read it
         reference, _ = generated(cluster.coordinator.address, PROMPT, 32, 0, chat=True, timeout_seconds=300)
         tokens, stats = generated(cluster.coordinator.address, PROMPT, 32, -1, chat=True, timeout_seconds=300)
-        assert tokens == reference and stats.drafted_tokens == 0 and stats.rounds == len(tokens)
+        # free drafts (prompt lookup) still run where the measured costs say they pay: on a loaded machine
+        # that can go either way, so only the drafter's tokens are counted here
+        assert tokens == reference and stats.drafted_tokens == stats.free_drafted_tokens
+        assert stats.rounds == len(tokens) - stats.free_accepted_tokens
         assert "drafter opened" not in cluster.coordinator.log_path.read_text()
         assert "opened" not in cluster.drafter.log_path.read_text().split("a drafted token costs")[1]
         tokens, stats = generated(cluster.coordinator.address, PROMPT, 32, 3, chat=True, timeout_seconds=300)
