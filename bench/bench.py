@@ -35,7 +35,7 @@ from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from edgespec.engines.self_draft import SelfDraftConfig
 from edgespec.loop.session import RoundStats
-from bench.report import track
+from bench.report import track, write_report
 
 log = logging.getLogger("edgespec.bench")
 
@@ -246,10 +246,8 @@ def main() -> None:
                   "n - 1 tokens): " + ", ".join(f"{n}: {s / curve[1]:.2f}" for n, s in sorted(curve.items())) +
                   f" (1 token: {1000 * curve[1]:.0f} ms)\n")
         plot_cost_curve(curve, args.json.with_suffix(".cost.png"))
-    args.json.write_text(json.dumps(dict(machine=machine, max_new_tokens=args.max_new_tokens, ratios=ratios,
-                                         summary=summary, cost_curve=curve, rows=rows), indent=1))
-    (args.md or args.json.with_suffix(".md")).write_text(table)
-    print(table)
+    write_report(dict(machine=machine, max_new_tokens=args.max_new_tokens, ratios=ratios, summary=summary,
+                      cost_curve=curve, rows=rows), table, args.json, args.md)
 
 
 def plot_cost_curve(curve: dict[int, float], path: Path) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from edgespec.control.categories import CATEGORIES
 from edgespec.control.router import Arm, Router, SessionRouting, request_features
 from bench.prompt_set import PROMPT_SET
-from bench.report import progress, track
+from bench.report import progress, track, write_report
 from edgespec.verify.greedy import common_prefix_length
 from edgespec.loop.session import acceptance
 
@@ -226,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         picks[key] = picks.get(key, 0) + 1
     result = {"window": args.window, "tokens": args.tokens, "verify_compute_seconds": verify, "draft_cost": costs,
               "table": table, "router_picks": picks, "rows": rows}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1))
-    print(markdown(table))
+    write_report(result, markdown(table), args.json)
     print("router picks:", json.dumps(picks, indent=1))
     if args.weights_out:
         router = Router(train_arms(names, rows, texts, list(range(len(prompts))), costs), verify_wall_seconds=verify[args.window])

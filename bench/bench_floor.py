@@ -32,8 +32,8 @@ from pathlib import Path
 
 from harness.cluster import REPO_ROOT, LocalCluster
 from bench.demo import cluster_layout
-from bench.report import track
-from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser, write
+from bench.report import track, write_report
+from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser
 
 log = logging.getLogger("bench.floor")
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
               "engine": f"llama.cpp in process, {threads} thread(s), {engine.settings}" if engine else None,
               "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "table": summarise(rows, args.floor),
               "command": "edgespec bench floor " + " ".join(argv if argv is not None else sys.argv[1:])}
-    write(result, markdown(result), args.out)
+    write_report(result, markdown(result), args.out)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ import platform
 import sys
 import time
 
-from bench.report import track
-from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser, write
+from bench.report import track, write_report
+from bench.spec_bench import bench_prompts, check_prompt_args, geomean, prompt_parser
 
 log = logging.getLogger("bench.bench_free_drafts")
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
               "settings": settings, "args": {k: str(v) for k, v in vars(args).items()},
               "cost_curve": {str(n): s for n, s in profile.items()}, "rows": rows, "table": summarise(rows),
               "command": "edgespec bench free-drafts " + " ".join(argv if argv is not None else sys.argv[1:])}
-    write(result, markdown(result), args.out)
+    write_report(result, markdown(result), args.out)
 
 
 if __name__ == "__main__":

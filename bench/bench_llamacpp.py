@@ -36,7 +36,7 @@ import numpy as np
 from harness.cluster import LocalCluster
 from bench.llamacpp_tools import ensure_tools
 from bench.prompts import PROMPTS
-from bench.report import progress
+from bench.report import progress, write_report
 from edgespec.loop.session import acceptance, latency_ms
 from harness.link import LinkProfile
 from edge_client.client import collect
@@ -91,13 +91,21 @@ async def run_edgespec(address: str, prompt: str, tokens: int, window: int) -> t
 
 
 def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict]:
-    """llama.cpp target-only greedy on the same backend, one token per decode, with the top-2 margins and the
-    decode seconds (after the prompt's prefill): the engine's own speed on these prompts, through no service."""
+    """llama.cpp target-only greedy on the same backend (greedy_runs), llama.cpp's default settings."""
     from edgespec.backends import llamacpp
 
     lm = llamacpp.load("target", threads=threads, ctx_tokens=CTX_TOKENS, max_sequences=MAX_SEQUENCES)
-    eos = set(lm.eos_ids())
-    out = []
+    try:
+        return greedy_runs(lm, prompts, tokens)
+    finally:
+        lm.close()
+
+
+def greedy_runs(lm, prompts: list[list[int]], tokens: int) -> list[dict]:
+    """Target-only greedy on a loaded llama.cpp model, one token per decode, each prompt in a state of its own:
+    the tokens, the top-2 logit margins and the decode seconds (after the prompt's prefill: the engine's own
+    speed on these prompts, through no service)."""
+    eos, out = set(lm.eos_ids()), []
     for prompt in prompts:
         state, seq, generated, margins = lm.new_state(), list(prompt), [], []
         started = None
@@ -112,7 +120,7 @@ def references(prompts: list[list[int]], tokens: int, threads: int) -> list[dict
                 break
             seq.append(token)
         out.append({"tokens": generated, "margins": margins, "decode_seconds": time.perf_counter() - started})
-    lm.close()
+        del state
     return out
 
 
@@ -245,12 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     result["rows"] = rows
     result["verifier_rss_mib"] = rss
     result["summary"] = summarise(rows, anchors, args)
-    table = markdown(result)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.md:
-        Path(args.md).write_text(table + "\n")
+    write_report(result, markdown(result), args.json, args.md)
 
 
 def summarise(rows: list[dict], anchors: dict, args) -> dict:

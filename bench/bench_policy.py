@@ -27,7 +27,7 @@ from edge_client.client import generate
 from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_policy
-from bench.report import progress
+from bench.report import progress, write_report
 from edgespec.loop.session import RoundStats, latency_ms
 from harness.link import LinkProfile, grpc_health_rtt_ms
 from edgespec.control import policies
@@ -185,9 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                 report["results"].append({"rtt_ms": rtt, "measured_rtt_ms": measured,
                                           "rows": {regime: {str(name): r for name, r in rows[regime].items()}
                                                    for regime in rows}})
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    print(markdown(report))
+    write_report(report, markdown(report), args.json)
     print(f"plot: {plot_policy(report, args.json.with_suffix('.png'))}")
 
 

@@ -55,6 +55,7 @@ from pathlib import Path
 from harness.cluster import REPO_ROOT
 from bench.serving import (Server, ServerFailed, edgespec_cluster, llama_server, log_tail, stop_group,
                            tree_cpu_seconds, vllm_server)
+from bench.report import write_report
 from bench.spec_bench import SPEC_BENCH
 
 # vllm bench serve, called from Python: the `vllm` command looks up a distribution named vllm, and the CPU
@@ -515,11 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                   Path("RESULT.json"), ignore_eos)).replace("--max-concurrency 0", "--max-concurrency C"),
               "command": "edgespec bench serve " + " ".join(argv if argv is not None else sys.argv[1:]),
               "log_dir": str(log_dir), "rows": rows}
-    table = markdown(report)
-    print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
-    args.json.with_suffix(".md").write_text(table)
+    write_report(report, markdown(report), args.json)
     from bench.plots import plot_serve
     plot_serve(report, args.json.with_suffix(".png"))
     print(f"wrote {args.json}, {args.json.with_suffix('.md')}, {args.json.with_suffix('.png')}")

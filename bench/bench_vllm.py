@@ -30,7 +30,7 @@ import numpy as np
 from bench.bench_llamacpp import aggregate, run_mode
 from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
-from bench.report import progress
+from bench.report import progress, write_report
 from bench.vllm_jobs import VLLM_PYTHON, run as vllm_run
 from harness.link import LinkProfile
 
@@ -150,13 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     result["anchors"] = {name: {k: v for k, v in a.items() if k != "outputs"} for name, a in anchors.items()}
     result["rows"] = rows
     result["summary"] = summarise(rows, result["anchors"])
-    table = markdown(result)
-    print(table)
-    if args.json:
-        import json
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.md:
-        Path(args.md).write_text(table + "\n")
+    write_report(result, markdown(result), args.json, args.md)
 
 
 def summarise(rows: list[dict], anchors: dict) -> dict:

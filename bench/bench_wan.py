@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from edge_client.client import generate
 from harness.cluster import REPO_ROOT, LocalCluster, start_service
 from bench.prompts import PROMPTS
 from bench.plots import plot_wan
-from bench.report import progress
+from bench.report import progress, write_report
 from edgespec.loop.session import latency_ms
 from harness.link import LinkProfile, grpc_health_rtt_ms
 
@@ -152,10 +151,7 @@ def main() -> None:
     report = {"date": time.strftime("%Y-%m-%d"), "max_new_tokens": args.max_new_tokens, "backend": args.backend,
               "quantize": args.quantize if args.backend == "torch" else None,
               "prompts": [c for c, _ in prompts], "windows": windows, "results": results}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    args.md.write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, markdown(report), args.json, args.md)
     print(f"plot: {plot_wan(report, args.json.with_suffix('.png'))}")
 
 

@@ -22,9 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from bench.bench_llamacpp import compare
+from bench.bench_llamacpp import compare, greedy_runs
 from harness.cluster import LocalCluster
 from bench.prompts import PROMPTS
 from edge_client.client import collect
@@ -35,20 +33,7 @@ def references(prompt_ids: list[list[int]], tokens: int, threads: int, exact: bo
 
     lm = llamacpp.load("target", threads=threads, ctx_tokens=8192, max_sequences=1,
                        exact=llamacpp.exact_settings("on" if exact else "off", threads, llamacpp.PREFILL_CHUNK))
-    eos, out = set(lm.eos_ids()), []
-    for prompt in prompt_ids:
-        state, seq, generated, margins = lm.new_state(), list(prompt), [], []
-        for _ in range(tokens):
-            row = lm.logits_rows(state, seq, 1)[0]
-            top2 = np.partition(row, -2)[-2:]
-            token = int(np.argmax(row))
-            generated.append(token)
-            margins.append(float(top2[1] - top2[0]))
-            if token in eos:
-                break
-            seq.append(token)
-        out.append({"tokens": generated, "margins": margins})
-        del state
+    out = greedy_runs(lm, prompt_ids, tokens)
     settings = {"describe": lm.exact.describe(), "llama_cpp_flags": lm.exact.cli(threads)}
     lm.close()
     return out, settings

@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.report import write_report
+
 ROWS = (2, 3, 4, 5, 6, 7, 8, 9, 16)
 LONG_PARAGRAPH = ("The verifier keeps one cache of keys and values per session and scores a whole window of drafted "
                   "tokens in one pass; the coordinator commits the accepted prefix and one token of the target's own. ")
@@ -256,11 +258,8 @@ def main() -> None:
             print(f"== {model}: {setting.name}", file=sys.stderr, flush=True)
             results.append(run_setting(model, setting, args.threads))
             print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": machine(), "threads": args.threads, "results": results}, indent=1))
-    args.md.parent.mkdir(parents=True, exist_ok=True)
-    args.md.write_text(f"Machine: {machine()}; {args.threads} threads a batch.\n\n{table(results)}\n")
-    print(table(results))
+    write_report({"machine": machine(), "threads": args.threads, "results": results},
+                 f"Machine: {machine()}; {args.threads} threads a batch.\n\n{table(results)}", args.json, args.md)
 
 
 def machine() -> str:

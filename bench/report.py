@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
 from contextlib import contextmanager
@@ -111,3 +112,17 @@ def _stream_handlers() -> list[logging.StreamHandler]:
                                       if isinstance(logger, logging.Logger))]
     return [h for logger in loggers for h in logger.handlers
             if type(h) is logging.StreamHandler]   # not FileHandler (a StreamHandler subclass)
+
+
+def write_report(result: dict, markdown: str, json_path: Path | str | None, md_path: Path | str | None = None) -> None:
+    """The table on stdout; with ``json_path``, the result as JSON there; the table as markdown at ``md_path``, or
+    beside the JSON (.md) when none is given."""
+    print(markdown)
+    if json_path is not None:
+        json_path = Path(json_path)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=1))
+    md = Path(md_path) if md_path is not None else json_path.with_suffix(".md") if json_path is not None else None
+    if md is not None:
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(markdown.rstrip("\n") + "\n")

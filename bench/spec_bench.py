@@ -51,11 +51,3 @@ def bench_prompts(path: Path, per_category: int) -> list[tuple[str, str]]:
 
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def write(result: dict, markdown: str, out: Path | None) -> None:
-    """The table on stdout; with ``out``, the JSON there and the table beside it (.md)."""
-    print(markdown)
-    if out is not None:
-        out.write_text(json.dumps(result, indent=1))
-        out.with_suffix(".md").write_text(markdown)
