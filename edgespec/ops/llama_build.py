@@ -18,7 +18,8 @@ whose self-test dies by a signal is recorded as bad for this CPU and the next on
 ``$EDGESPEC_CACHE/wheels/`` in a folder named by a hash of what they were built from: the llama-cpp-python
 version, the CMake flags, the compiler, the Python ABI and, for ``native``, the CPU itself. A wheel built on one
 CPU is never installed on another by mistake. ``EDGESPEC_LLAMA_SELFTEST_FAULT=VARIANT[,VARIANT]`` makes those
-variants' self-tests die by SIGSEGV (not recorded), so the fallback path can be tested on any machine.
+variants' self-tests die by SIGSEGV, so the fallback path can be tested on any machine: no self-test is recorded
+then, and none recorded before is read (a variant that really died here is tried again, with the fault).
 
 Standard library only: it runs before the rest of edgespec's dependencies are installed.
 """
@@ -279,9 +280,10 @@ def ensure(target: Path | None = None, python: str = sys.executable) -> Build:
     cpu = this_cpu()
     model = selftest_model()
     failures = []
+    injected = bool(os.environ.get(ENV_FAULT))   # a test of the fallback path: no record read or written
     for variant in variants():
         build = plan(variant, cpu)
-        record = recorded(build, cpu)
+        record = None if injected else recorded(build, cpu)
         if record and not record["passed"]:
             failures.append(f"{variant}: {record['result']} (recorded {record['when']})")
             say(f"variant {variant} {record['result']} in its self-test on this CPU before; skipping it "
@@ -294,12 +296,12 @@ def ensure(target: Path | None = None, python: str = sys.executable) -> Build:
             installed_marker(prefix).parent.mkdir(parents=True, exist_ok=True)
             installed_marker(prefix).write_text(json.dumps({"variant": variant, "key": build.key,
                                                             "cmake_args": list(build.args), "wheel": str(wheel)}))
-        if record and record["passed"] and not os.environ.get(ENV_FAULT):
+        if record and record["passed"]:
             say(f"llama.cpp build {variant} ({build.key}) installed; it passed its self-test on this CPU")
             return build
         started = time.monotonic()
         passed, result = selftest(python, model, variant, str(target) if target else None)
-        if not os.environ.get(ENV_FAULT):   # an injected fault says nothing about this CPU
+        if not injected:   # an injected fault says nothing about this CPU
             record_path(build, cpu).write_text(json.dumps({"passed": passed, "result": result, "cpu": cpu.model,
                                                            "when": time.strftime("%Y-%m-%d %H:%M:%S")}))
         if passed:

@@ -24,10 +24,15 @@ def test_awc_over_an_emulated_link_is_exact_and_the_link_rtt_is_measured(tmp_pat
                 else:
                     stats = event.stats
             return tokens, stats
+        drafted = 0
         for prompt in ("def add(a, b):", "Speculative decoding is"):
             tokens, stats = asyncio.run(go(prompt))
             assert tokens == target_only_greedy(TARGET, list(prompt.encode()), 40), prompt
-            assert stats.drafted_tokens > 0
+            drafted += stats.drafted_tokens
+        # The first session drafts; the second may not: where the first session's rounds measured drafting slower
+        # than target-only windows of steps (one round trip for several tokens), the policy keeps to those (seen
+        # in CI: 0.41 acceptance, then 40 target-only tokens at twice the speed)
+        assert drafted > 0
         log = cluster.coordinator.log_path.read_text()
     rtts = [float(m) for m in re.findall(r"link rtt ([0-9.]+) ms", log)]
     assert len(rtts) == 2
