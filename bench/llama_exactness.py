@@ -45,7 +45,7 @@ def cli_check(texts: list[str], refs: list[dict], tokens: int, flags: str, token
     import shlex
     import subprocess
 
-    from bench.llamacpp_tools import ensure_tools
+    from bench.llamacpp_tools import completion_text, ensure_tools
     from edgespec.backends.assets import ensure_gguf
 
     tool = ensure_tools()["llama-completion"]
@@ -59,8 +59,8 @@ def cli_check(texts: list[str], refs: list[dict], tokens: int, flags: str, token
         result = subprocess.run([str(tool), "-m", str(ensure_gguf("target")), *args, "-c", "4096", "-b", "2048",
                                  "-n", str(tokens), "--temp", "0", "-no-cnv", "--no-display-prompt", "-p", templated],
                                 capture_output=True, text=True, env=env, timeout=1800)
-        got = result.stdout.removesuffix("\n\n").removesuffix(" [end of text]")   # what it prints after the text
-        expected = tokenizer.hf.decode([t for t in ref["tokens"]], skip_special_tokens=True)
+        got = completion_text(result.stdout)
+        expected = tokenizer.hf.decode([t for t in ref["tokens"]], skip_special_tokens=True).rstrip("\n")
         out.append({"identical": got == expected, "llama_completion": got, "reference": expected})
     return out
 

@@ -13,6 +13,7 @@ is reused.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -41,23 +42,37 @@ def ensure_tools(names: tuple[str, ...] = TOOLS) -> dict[str, Path]:
     if not missing:
         return found
     with tempfile.TemporaryDirectory(prefix="llama-tools-") as work:
-        work = Path(work)
-        log.info("downloading the llama-cpp-python %s sdist (its vendor/llama.cpp)", VERSION)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={VERSION}", "-d", str(work)], check=True)
-        archive = next(work.glob("llama_cpp_python-*.tar.gz"))
-        with tarfile.open(archive) as tar:
-            tar.extractall(work, filter="data")
-        source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
-        build = work / "build"
-        log.info("building %s from %s (cmake + ninja; minutes)", ", ".join(missing), source)
-        subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *chosen().args], check=True)
-        subprocess.run(["cmake", "--build", str(build), "--target", *missing, "-j", "2"], check=True)
+        build = build_tools(vendored_source(Path(work)), Path(work) / "build", missing, chosen().args)
         out.mkdir(parents=True, exist_ok=True)
         for name in missing:
             shutil.copy2(build / "bin" / name, out / name)
     return found
+
+
+def completion_text(stdout: str) -> str:
+    """The generated text in what llama-completion prints (--no-display-prompt): without the " [end of text]"
+    it adds at an end of generation and the newlines it ends with."""
+    return re.sub(r"(?: \[end of text\])?\n*\Z", "", stdout)
+
+
+def vendored_source(work: Path) -> Path:
+    """The llama.cpp sources the pinned llama-cpp-python sdist vendors, downloaded and unpacked under ``work``."""
+    log.info("downloading the llama-cpp-python %s sdist (its vendor/llama.cpp)", VERSION)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={VERSION}", "-d", str(work)], check=True)
+    archive = next(work.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(work, filter="data")
+    return next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+
+
+def build_tools(source: Path, build: Path, targets: list[str], args: list[str]) -> Path:
+    """Configure (Release, static, no tests, then ``args``) and build ``targets`` with ninja; the build folder."""
+    log.info("building %s from %s (cmake + ninja; minutes)", ", ".join(targets), source)
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *args], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", "2"], check=True)
+    return build
 
 
 if __name__ == "__main__":

@@ -29,3 +29,11 @@ def test_a_bench_report_goes_to_stdout_json_and_markdown(tmp_path, capsys):
     assert (tmp_path / "md" / "table.md").read_text() == table + "\n" and not (tmp_path / "b.md").exists()
     write_report({}, table, None, None)   # only printed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "md", "new"]
+
+
+def test_llama_completion_s_end_marker_is_not_text():
+    from bench.llamacpp_tools import completion_text
+
+    assert completion_text("Canberra. [end of text]\n") == "Canberra."      # EOS reached
+    assert completion_text("def f():\n    return 1\n\n") == "def f():\n    return 1"   # --tokens reached
+    assert completion_text("no [end of text] here") == "no [end of text] here"
