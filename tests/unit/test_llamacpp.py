@@ -324,6 +324,34 @@ def test_exact_mode_checks_its_window_rows_on_this_cpu():
         lm.close()
 
 
+def test_rows_go_in_decodes_as_even_as_the_row_limit_allows():
+    assert llamacpp.chunk_lengths(4, 3) == [2, 2]          # not 3 + a one-token decode on one thread
+    assert llamacpp.chunk_lengths(7, 3) == [3, 2, 2]
+    assert llamacpp.chunk_lengths(6, 3) == [3, 3] and llamacpp.chunk_lengths(1, 3) == [1]
+    assert llamacpp.chunk_lengths(100, 2048) == [100] and llamacpp.chunk_lengths(0, 3) == []
+
+
+def test_exact_mode_computes_sessions_batched_rows_as_each_ones_one_token_decode():
+    """Exact mode, 2 threads: four sessions' next tokens in one call (decodes of 2 + 2 rows), past 256 cached
+    positions (where a one-token decode's attention would split over 2 threads), are bit for bit each session's
+    one-token decode alone."""
+    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=4096, max_sequences=8, exact=llamacpp.EXACT)
+    try:
+        prompts = [(PROMPTS[k % 3] * 20)[:300 + k] for k in range(4)]
+        together = [lm.new_state() for _ in prompts]
+        for state, prompt in zip(together, prompts):
+            lm.prefill(state, prompt)
+        rows = lm.logits_rows_batch(together, [p + [5] for p in prompts], [1] * 4)
+        for prompt, row in zip(prompts, rows):
+            alone = lm.new_state()
+            lm.prefill(alone, prompt)
+            assert np.array_equal(lm.logits_rows(alone, prompt + [5], 1), row)
+            del alone
+    finally:
+        del together
+        lm.close()
+
+
 def test_a_failed_window_row_check_feeds_windows_one_row_a_decode(monkeypatch, caplog):
     monkeypatch.setenv("EDGESPEC_LLAMA_FAIL_ROW_CHECK", "1")
     lm = llamacpp.load("smollm2", threads=2, ctx_tokens=1024, max_sequences=2, exact=llamacpp.EXACT)
