@@ -48,7 +48,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., plan: _Optional[_Union[SpeculationPlan, _Mapping]] = ...) -> None: ...
 
 class SpeculationPlan(_message.Message):
-    __slots__ = ("window", "auto_policy", "auto_max_window", "max_window", "pipeline", "tree_depth", "cloud_draft", "free_drafts", "target_steps", "on_verifier_loss", "max_unverified", "notes")
+    __slots__ = ("window", "auto_policy", "auto_max_window", "max_window", "pipeline", "tree_depth", "cloud_draft", "free_drafts", "target_steps", "on_verifier_loss", "max_unverified", "notes", "first_token_alone")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     AUTO_POLICY_FIELD_NUMBER: _ClassVar[int]
     AUTO_MAX_WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class SpeculationPlan(_message.Message):
     ON_VERIFIER_LOSS_FIELD_NUMBER: _ClassVar[int]
     MAX_UNVERIFIED_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ALONE_FIELD_NUMBER: _ClassVar[int]
     window: int
     auto_policy: str
     auto_max_window: int
@@ -73,7 +74,8 @@ class SpeculationPlan(_message.Message):
     on_verifier_loss: str
     max_unverified: int
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, window: _Optional[int] = ..., auto_policy: _Optional[str] = ..., auto_max_window: _Optional[int] = ..., max_window: _Optional[int] = ..., pipeline: _Optional[bool] = ..., tree_depth: _Optional[int] = ..., cloud_draft: _Optional[str] = ..., free_drafts: _Optional[bool] = ..., target_steps: _Optional[int] = ..., on_verifier_loss: _Optional[str] = ..., max_unverified: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    first_token_alone: bool
+    def __init__(self, window: _Optional[int] = ..., auto_policy: _Optional[str] = ..., auto_max_window: _Optional[int] = ..., max_window: _Optional[int] = ..., pipeline: _Optional[bool] = ..., tree_depth: _Optional[int] = ..., cloud_draft: _Optional[str] = ..., free_drafts: _Optional[bool] = ..., target_steps: _Optional[int] = ..., on_verifier_loss: _Optional[str] = ..., max_unverified: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., first_token_alone: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_ids", "text", "generated", "position", "unverified", "logprobs")

@@ -12,6 +12,7 @@ from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow
 from edgespec.engines.drafter import DrafterEngine
 from edgespec.engines.verifier import VerifierEngine
+from edgespec.loop.config import SpeculationConfig
 from edgespec.loop.session import SessionLog
 from edgespec.loop.speculation import speculate
 from edgespec.verify.sampling import SamplingParams, warp
@@ -103,7 +104,7 @@ def test_bad_settings_are_refused(bad):
 TARGET, DRAFT = "tiny:7", "tiny:7~1"
 
 
-def run(prompt, new, window, free, params=SamplingParams(), target=TARGET):
+def run(prompt, new, window, free, params=SamplingParams(), target=TARGET, config=SpeculationConfig()):
     verifier = InProcessVerifier(VerifierEngine(tiny(target), [TINY_EOS]))
     drafter = InProcessDrafter(DrafterEngine(tiny(DRAFT)))
     session = SessionLog(list(prompt), new, frozenset([TINY_EOS]))
@@ -112,7 +113,8 @@ def run(prompt, new, window, free, params=SamplingParams(), target=TARGET):
 
     async def go():
         await verifier.open("s", session.committed, params)
-        async for _ in speculate(session, "s", drafter, verifier, policy, params, telemetry=telemetry, free=free):
+        async for _ in speculate(session, "s", drafter, verifier, policy, params, config, telemetry=telemetry,
+                                 free=free):
             pass
     asyncio.run(go())
     return session
@@ -158,7 +160,8 @@ def test_free_drafts_under_sampling_keep_the_target_distribution():
     free_accepted = free_rounds = 0
     for seed in range(1200):
         params = SamplingParams(SAMPLING.temperature, SAMPLING.top_k, seed=seed)
-        session = run(prompt, 2, -1, SuffixDrafter().session(), params, target="tiny:11")
+        session = run(prompt, 2, -1, SuffixDrafter().session(), params, target="tiny:11",
+                      config=SpeculationConfig(first_token_alone=False))   # a free draft at the first token
         counts[session.generated[0]] += 1
         free_rounds += session.stats.free_rounds
         free_accepted += session.stats.free_accepted
