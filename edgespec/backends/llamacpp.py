@@ -26,7 +26,6 @@ another session were computed in that session's batch, so sharing is one more su
 """
 from __future__ import annotations
 
-import ctypes
 import heapq
 import logging
 import os
