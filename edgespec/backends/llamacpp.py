@@ -88,7 +88,8 @@ class LlamaExact:
     flash_attn: bool = True        # off, KQ goes through a matmul whose kernel changes at 2 rows
     repack: bool = True            # weights repacked for the CPU's gemm (ne11 >= 4 rows) / gemv kernels
     single_threads: int = 0        # threads of a one-token decode (0: as many as a batch's); 1 keeps its
-                                   # attention in one chunk, as every row of a batch is
+                                   # attention in one chunk, as every row of a batch is (a batch's threads
+                                   # while the KV view is short enough for one chunk on any: ONE_CHUNK_POSITIONS)
     unified: bool = True           # one KV cell pool for all sequences (False: a stream of cells each)
     tiled: bool = True             # ggml's tiled K-quant matmul for batches of 8+ rows (GGML_CPU_TILED_MM)
     ubatch_tokens: int = 512       # rows of one compute pass (llama.cpp's -ub); a prompt is fed in such passes
@@ -105,7 +106,7 @@ class LlamaExact:
     def describe(self) -> str:
         return (f"flash attention {'on' if self.flash_attn else 'off'}, weight repacking "
                 f"{'on' if self.repack else 'off'}, tiled matmul {'on' if self.tiled else 'off'}, one-token decodes "
-                f"on {self.single_threads or 'all'} thread(s), ubatch {self.ubatch_tokens}, windows in decodes of "
+                f"on {self.single_threads or 'all'} thread(s){' past ' + str(ONE_CHUNK_POSITIONS) + ' positions' if self.single_threads else ''}, ubatch {self.ubatch_tokens}, windows in decodes of "
                 f"{self.window_rows or 'any'} rows, KV {'unified' if self.unified else 'per sequence'}")
 
 
@@ -119,6 +120,13 @@ class LlamaExact:
 # diverged). A prompt is computed as llama.cpp's own run computes it, so the settings are llama.cpp's defaults but
 # for the threads of a one-token decode.
 EXACT = LlamaExact(single_threads=1, window_rows=3, unified=False)
+# ggml's flash attention splits a one-token decode's attention into a chunk per thread where the KV view has 512
+# cells or more (ggml-cpu ops.cpp: nek1 >= 512); the view is the stream's used cells padded to 256. Below this
+# many positions (the view 256 cells, 16 spare for cells a window held) a one-token decode in a stream of its own
+# is computed in one chunk on any number of threads, bit for bit as on one (tested), so exact mode runs it on the
+# batch's threads there (in a unified cache the view spans every session's cells, so one thread as before):
+# 80 against 150 ms a token for the default target on 2 threads (the AMX machine).
+ONE_CHUNK_POSITIONS = 240
 # The verifier prefills a prompt in parts of this many tokens (its --prefill-chunk; llama.cpp's ubatch), verifying
 # other sessions' windows between them (measured: docs/benchmarks.md, "Prefill in parts").
 PREFILL_CHUNK = 64
@@ -221,6 +229,7 @@ class LlamaCppLM(IncrementalLM):
         params.n_seq_max = max_sequences
         params.n_threads_batch = threads
         params.n_threads = self.exact.single_threads or threads   # llama.cpp's threads for a one-token decode
+        self._single_threads = params.n_threads   # as set now (_decode raises it for short one-token decodes)
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.exact.flash_attn else \
             llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         # unified: one cell pool shared by all sessions, as llama.cpp's server does; else a stream per sequence
@@ -439,6 +448,8 @@ class LlamaCppLM(IncrementalLM):
             if out:
                 wanted.append(f)
         batch.n_tokens = len(chunk)
+        if len(chunk) == 1 and self.exact.single_threads and not self.exact.unified:   # a stream: its own cells
+            self._set_single_threads(self.threads if batch.pos[0] < ONE_CHUNK_POSITIONS else self.exact.single_threads)
         status = llama.llama_decode(self._ctx, batch)
         if status == 1 and self._retained:   # no free cells: give back the kept ones and try once more
             while self._retained:
@@ -454,6 +465,12 @@ class LlamaCppLM(IncrementalLM):
             for row, f in zip(logits, wanted):
                 rows[f][filled[f]] = row
                 filled[f] += 1
+
+    def _set_single_threads(self, threads: int) -> None:
+        """The threads of llama.cpp's next one-token decodes (batches keep theirs)."""
+        if threads != self._single_threads:
+            self._lib.llama_set_n_threads(self._ctx, threads, self.threads)
+            self._single_threads = threads
 
     def settle_window_rows(self) -> int:
         """Check that a decode of 2 .. exact.window_rows rows computes each row as a one-token decode does, here

@@ -352,6 +352,39 @@ def test_exact_mode_computes_sessions_batched_rows_as_each_ones_one_token_decode
         lm.close()
 
 
+def one_token_steps_across_the_split(threads, prompt, steps):
+    """Logits of ``steps`` one-token greedy decodes after ``prompt`` in exact mode, a 3-token window rolled back
+    before each, and the threads each decode ran on."""
+    lm = llamacpp.load("smollm2", threads=threads, ctx_tokens=2048, max_sequences=2, exact=llamacpp.EXACT)
+    try:
+        state, seq, rows, threads_used = lm.new_state(), list(prompt), [], []
+        lm.prefill(state, seq)
+        for _ in range(steps):
+            lm.logits_rows(state, seq + [5, 6, 7], 3)    # a window, then its rollback: the cells are freed again
+            rows.append(lm.logits_rows(state, seq, 1)[0].copy())
+            threads_used.append(lm._single_threads)
+            seq.append(int(np.argmax(rows[-1])))
+        del state
+        return rows, threads_used
+    finally:
+        lm.close()
+
+
+def test_exact_one_token_decodes_use_every_thread_while_attention_is_one_chunk(monkeypatch):
+    """Exact mode decodes a single token on the batch's threads below ONE_CHUNK_POSITIONS, where flash attention
+    computes it in one chunk whatever the threads, and on one thread past it: bit for bit the one-thread run across
+    the boundary. With every thread past it too, the attention is split by thread and the logits differ."""
+    prompt = (PROMPTS[0] * 10)[:llamacpp.ONE_CHUNK_POSITIONS - 4]
+    one, _ = one_token_steps_across_the_split(1, prompt, 24)    # decodes at positions 235 .. 258
+    two, threads_used = one_token_steps_across_the_split(2, prompt, 24)
+    assert threads_used == [2] * 5 + [1] * 19     # 235 .. 239 on both threads
+    assert all(np.array_equal(a, b) for a, b in zip(two, one))
+    monkeypatch.setattr(llamacpp, "ONE_CHUNK_POSITIONS", 10**6)
+    split, _ = one_token_steps_across_the_split(2, prompt, 24)
+    assert all(np.array_equal(a, b) for a, b in zip(split[:20], one[:20]))      # a 256-cell view: one chunk
+    assert not all(np.array_equal(a, b) for a, b in zip(split[20:], one[20:]))  # 512 cells: split by thread
+
+
 def test_a_failed_window_row_check_feeds_windows_one_row_a_decode(monkeypatch, caplog):
     monkeypatch.setenv("EDGESPEC_LLAMA_FAIL_ROW_CHECK", "1")
     lm = llamacpp.load("smollm2", threads=2, ctx_tokens=1024, max_sequences=2, exact=llamacpp.EXACT)
