@@ -393,9 +393,11 @@ class Device:
             session_id = f"device-{self.index}-request-{r}"
             session = SessionLog([], spec.tokens, frozenset())
             await verifier.open(session_id, session.committed, GREEDY)
-            async for _ in speculate(session, session_id, drafter, verifier, self.policy, GREEDY,
-                                     SpeculationConfig(max_window=self.max_k), telemetry=self.telemetry,
-                                     metrics=self):
+            # Drafts from the first round: the modelled verifier keeps no row from a prompt (it has none), so a
+            # target-only first round would cost it a forward the real llama.cpp verifier does not pay.
+            config = SpeculationConfig(max_window=self.max_k, first_token_alone=False)
+            async for _ in speculate(session, session_id, drafter, verifier, self.policy, GREEDY, config,
+                                     telemetry=self.telemetry, metrics=self):
                 pass
             await verifier.close(session_id)
             sim.records.request_seconds.append(loop.time() - started)
