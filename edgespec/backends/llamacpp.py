@@ -104,9 +104,10 @@ class LlamaExact:
                 f"{'' if self.repack else ' --no-repack'} -ub {self.ubatch_tokens}")
 
     def describe(self) -> str:
+        past = f" past {ONE_CHUNK_POSITIONS} positions" if self.single_threads else ""
         return (f"flash attention {'on' if self.flash_attn else 'off'}, weight repacking "
                 f"{'on' if self.repack else 'off'}, tiled matmul {'on' if self.tiled else 'off'}, one-token decodes "
-                f"on {self.single_threads or 'all'} thread(s){' past ' + str(ONE_CHUNK_POSITIONS) + ' positions' if self.single_threads else ''}, ubatch {self.ubatch_tokens}, windows in decodes of "
+                f"on {self.single_threads or 'all'} thread(s){past}, ubatch {self.ubatch_tokens}, windows in decodes of "
                 f"{self.window_rows or 'any'} rows, KV {'unified' if self.unified else 'per sequence'}")
 
 
@@ -125,7 +126,7 @@ EXACT = LlamaExact(single_threads=1, window_rows=3, unified=False)
 # many positions (the view 256 cells, 16 spare for cells a window held) a one-token decode in a stream of its own
 # is computed in one chunk on any number of threads, bit for bit as on one (tested), so exact mode runs it on the
 # batch's threads there (in a unified cache the view spans every session's cells, so one thread as before):
-# 80 against 150 ms a token for the default target on 2 threads (the AMX machine).
+# 89 against 163 ms a token for the default target on 2 threads, 150-token context (the AMX machine).
 ONE_CHUNK_POSITIONS = 240
 # The verifier prefills a prompt in parts of this many tokens (its --prefill-chunk; llama.cpp's ubatch), verifying
 # other sessions' windows between them (measured: docs/benchmarks.md, "Prefill in parts").
