@@ -170,6 +170,16 @@ def test_free_drafts_under_sampling_keep_the_target_distribution():
     assert statistic < chi2_critical(df), (statistic, df)
 
 
+def test_a_first_token_alone_is_a_target_only_round():
+    """Two tokens at a fixed window of 3: drafted, the first round drafts one token (all the budget leaves);
+    alone, it drafts none, and the second round has one token left, so nothing is drafted at all."""
+    prompt = list(range(40, 60))
+    drafted = run(prompt, 2, 3, None, config=SpeculationConfig(first_token_alone=False))
+    alone = run(prompt, 2, 3, None, config=SpeculationConfig(first_token_alone=True))
+    assert drafted.stats.drafted == 1 and alone.stats.drafted == 0
+    assert alone.generated == drafted.generated == target_only_greedy(TARGET, prompt, 2)
+
+
 def test_coupled_sampling_gets_no_free_drafts():
     params = SamplingParams(temperature=0.8, seed=3, coupled=True)
     session = run(repeating_prompt(), 24, -1, SuffixDrafter().session(), params)
