@@ -32,6 +32,8 @@ class RoundSample:
                                          # token it commits, in one round trip (k is 0)
     verifier_seconds: float = 0.0        # verifier-reported time from the window's arrival to its verdict (0 = not
                                          # reported): its wait behind other sessions' work, its forwards, verification
+    after_prompt: bool = False           # the session's first round: a verifier may take its first row from the
+                                         # prompt's prefill (llama.cpp keeps it), so its forward time is no window's cost
 
     @property
     def tokens(self) -> int:

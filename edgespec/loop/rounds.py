@@ -299,6 +299,7 @@ class Rounds:
                              took_sibling=bool(window.draft) and any(i >= chain for i in verdict.path),
                              self_drafted=verdict.self_drafted,
                              draft_catchup=self.catchup if window.draft and free is None else 0, free=free is not None,
+                             after_prompt=not session.generated,
                              **({"steps": len(verdict.drafted) + 1, "committed": len(verdict.drafted) + 1}
                                 if window.steps > 1 else {}))
         trace.get_current_span().set_attributes({

@@ -180,6 +180,30 @@ def test_a_first_token_alone_is_a_target_only_round():
     assert alone.generated == drafted.generated == target_only_greedy(TARGET, prompt, 2)
 
 
+def test_only_the_first_round_is_marked_as_answered_after_the_prompt():
+    class Rounds:
+        def __init__(self):
+            self.samples = []
+
+        def round(self, sample):
+            self.samples.append(sample)
+
+    for alone in (True, False):
+        sink, prompt = Rounds(), list(range(40, 60))
+        session = SessionLog(list(prompt), 6, frozenset([TINY_EOS]))
+        verifier = InProcessVerifier(VerifierEngine(tiny(TARGET), [TINY_EOS]))
+        drafter = InProcessDrafter(DrafterEngine(tiny(DRAFT)))
+
+        async def go():
+            await verifier.open("s", session.committed, SamplingParams())
+            async for _ in speculate(session, "s", drafter, verifier, FixedWindow(2), SamplingParams(),
+                                     SpeculationConfig(first_token_alone=alone), metrics=sink):
+                pass
+        asyncio.run(go())
+        assert [s.after_prompt for s in sink.samples] == [True] + [False] * (len(sink.samples) - 1)
+        assert sink.samples[0].k == (0 if alone else 2) and len(sink.samples) > 1
+
+
 def test_coupled_sampling_gets_no_free_drafts():
     params = SamplingParams(temperature=0.8, seed=3, coupled=True)
     session = run(repeating_prompt(), 24, -1, SuffixDrafter().session(), params)

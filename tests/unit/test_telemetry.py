@@ -23,6 +23,16 @@ def test_rtt_is_the_round_trip_minus_the_verifiers_forward_time():
     assert stats.trend == pytest.approx(0.025)      # 0.5 * (0.10 - 0.05)
 
 
+def test_the_first_rounds_forward_is_no_windows_cost():
+    """llama.cpp answers a session's first row from the prompt's prefill: 0.6 ms where a step costs 85 ms. Taken as
+    the cost of a target-only window it made every window look free (the profile is scaled by what was measured)."""
+    t = Telemetry(smoothing=0.5)
+    t.record(sample(k=0, n=0, compute=0.0006, after_prompt=True))
+    assert t.verify_compute == {} and t.forward_curve == {} and t.rounds == 1
+    t.record(sample(k=0, n=0, compute=0.085, batch_tokens=1))
+    assert t.verify_compute == {0: pytest.approx(0.085)} and t.forward_curve == {1: pytest.approx(0.085)}
+
+
 def test_a_windows_wait_behind_other_sessions_in_the_verifier_is_not_link_latency():
     t = Telemetry(smoothing=0.5)
     waited = sample(wall=0.95, compute=0.40, verifier_seconds=0.90)   # 0.5 s behind other sessions' forwards
