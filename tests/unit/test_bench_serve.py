@@ -1,17 +1,20 @@
 """`edgespec bench serve`'s reading of `vllm bench serve` results, its ratios and its table, on the results a real
 smoke run saved (tests/unit/data/bench_serve_smoke.json); its prompts, client arguments and flags; and a server
-that cannot start. No server runs here but a shell that fails."""
+that cannot start; the client itself against a server that closes its connections as llama-server does."""
 from __future__ import annotations
 
 import json
 import math
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from bench.bench_serve import (SYSTEMS, add_comparisons, build_parser, client_args, markdown, parse_args,
-                               spec_bench_subset, summarise_run)
+                               run_client, spec_bench_subset, summarise_run)
 from bench.serving import ServerFailed, start_http_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,3 +162,49 @@ def test_the_plot_is_drawn(tmp_path):
 
     path = plot_serve({"rows": smoke_rows(), "prompts": 2, "tokens": 16}, tmp_path / "serve.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+class ClosesAfterAStream(BaseHTTPRequestHandler):
+    """An OpenAI chat stream answered as the vendored llama.cpp's llama-server answers it (measured with aiohttp:
+    chunked, "Keep-Alive: timeout=5, max=100", and the connection closed a moment after the last chunk, so every
+    second request on a kept connection failed at once with "Server disconnected")."""
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Keep-Alive", "timeout=5, max=100")
+        self.end_headers()
+        events = [{"choices": [{"index": 0, "delta": {"content": word}}]} for word in ("Hello", " there")]
+        events.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        for data in [f"data: {json.dumps(event)}\n\n" for event in events] + ["data: [DONE]\n\n"]:
+            self.wfile.write(f"{len(data):x}\r\n{data}\r\n".encode())
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        time.sleep(0.5)   # ... a moment after the answer ended: the client has sent its next request on it by then
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_client_gets_every_request_through_a_server_that_closes_after_a_stream(tmp_path):
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no vLLM environment (bash scripts/vllm_env.sh)")
+    from edgespec.backends.convert import ensure_tokenizer_dir
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ClosesAfterAStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dataset = tmp_path / "prompts.jsonl"
+        dataset.write_text("".join(json.dumps({"prompt": f"Say {word}."}) + "\n" for word in ("one", "two", "three",
+                                                                                                 "four")))
+        args = client_args(f"http://127.0.0.1:{server.server_port}", "llama-server", {}, dataset, 4, 2, 1,
+                           ensure_tokenizer_dir("smollm2"), tmp_path / "result.json", True)
+        result = run_client(python, args, tmp_path / "client.log", 600)
+    finally:
+        server.shutdown()
+    assert (result["completed"], result["failed"]) == (4, 0), (tmp_path / "client.log").read_text()[-2000:]
