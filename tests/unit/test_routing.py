@@ -58,4 +58,5 @@ def test_a_good_first_choice_is_kept_and_its_acceptance_is_what_the_verifier_saw
     assert routed.used == ["close"]
     routing = routed.routing
     # what the routing credited to the drafter is what the verifier decided
-    assert routing.accepted["close"] == log.stats.accepted and routing.rounds["close"] == log.stats.rounds
+    # (the first token is a target-only step: the drafter had every round but that one)
+    assert routing.accepted["close"] == log.stats.accepted and routing.rounds["close"] == log.stats.rounds - 1

@@ -58,11 +58,11 @@ def test_free_drafts_default_on_and_can_be_turned_off(monkeypatch):
     assert coordinator_args(["--free-drafts", "suffix"]).free_drafts == "suffix"
 
 
-def test_the_first_token_is_drafted_unless_asked_to_be_alone(monkeypatch):
-    assert not coordinator_args([]).generation.speculation.first_token_alone
-    assert coordinator_args(["--first-token", "alone"]).generation.speculation.first_token_alone
-    monkeypatch.setenv("EDGESPEC_COORDINATOR_FIRST_TOKEN", "alone")
+def test_the_first_token_is_alone_unless_asked_to_be_drafted(monkeypatch):
     assert coordinator_args([]).generation.speculation.first_token_alone
+    assert not coordinator_args(["--first-token", "drafted"]).generation.speculation.first_token_alone
+    monkeypatch.setenv("EDGESPEC_COORDINATOR_FIRST_TOKEN", "drafted")
+    assert not coordinator_args([]).generation.speculation.first_token_alone
 
 
 def test_bad_flag_values_exit_with_usage():
