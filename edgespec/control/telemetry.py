@@ -129,7 +129,7 @@ class Telemetry:
         link.add(sample.rtt)
         self.verify_wall = _ema(self.verify_wall, sample.verify_wall_seconds, s)
         # a round's forward time is its window's cost, except the first round's: its first row may come from the
-        # prompt's prefill (measured: 0.6 ms against 85 ms a step, which made every window look free)
+        # prompt's prefill (measured: 0.6 ms against 85 ms a step, which made target-only rounds look free)
         if sample.verify_compute_seconds > 0 and not sample.after_prompt:
             forward = sample.verify_compute_seconds / sample.steps   # a window of steps: its passes, one each
             # a window's own cost: not a forward it shared with other sessions, nor a tree's (more than k + 1 tokens)
