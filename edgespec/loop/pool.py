@@ -49,11 +49,20 @@ class VerifierPool:
         return ready[0] if ready else None
 
     def ban(self, address: str) -> float:
-        """Record a failure; ban for base * 2^(failures-1), capped. Returns the ban length, seconds."""
+        """Record a failure; ban for base * 2^(failures-1), capped. Returns the ban length, seconds.
+
+        A failure reported while the endpoint is still banned is the same outage seen by another
+        session (a shared stream's deadline fails every waiting window at once): it does not lengthen
+        the ban. Counted per session, 16 sessions escalated one timeout to the 30 s cap, and with one
+        verifier every session then gave up before the ban ended.
+        """
         endpoint = self.endpoints[address]
+        now = self.clock()
+        if endpoint.banned_until > now:
+            return endpoint.banned_until - now
         endpoint.failures += 1
         seconds = backoff_seconds(endpoint.failures, self.base_backoff, self.max_backoff)
-        endpoint.banned_until = self.clock() + seconds
+        endpoint.banned_until = now + seconds
         return seconds
 
     def succeeded(self, address: str) -> None:

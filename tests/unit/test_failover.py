@@ -39,7 +39,12 @@ def test_pool_picks_least_loaded_and_bans_with_exponential_backoff():
     assert pool.pick() == "a"
     pool.pin("a")
     assert pool.pick() == "b"
-    assert [pool.ban("b") for _ in range(4)] == [0.5, 1.0, 2.0, 3.0]   # doubles, capped
+    bans = []
+    for _ in range(4):                       # fails again each time its ban ends
+        bans.append(pool.ban("b"))
+        clock.now += bans[-1]
+    assert bans == [0.5, 1.0, 2.0, 3.0]      # doubles, capped
+    clock.now -= 3.0
     assert pool.available() == ["c", "a"]
     clock.now += 3.0
     assert "b" in pool.available()
@@ -57,6 +62,50 @@ def test_pool_picks_least_loaded_and_bans_with_exponential_backoff():
         VerifierPool([])
     with pytest.raises(ValueError):
         VerifierPool(["a", "a"])
+
+
+class Blip(InProcessVerifier):
+    """From verify call 12 on, each session's next call waits until every session has one waiting, then
+    they all fail at once: a shared stream's deadline failing every window on it."""
+
+    def __init__(self, engine, sessions):
+        super().__init__(engine, "a")
+        self.calls, self.waiting, self.sessions = 0, set(), set(sessions)
+        self.blip = asyncio.Event()
+
+    async def verify(self, session_id, window):
+        self.calls += 1
+        if self.calls >= 12 and not self.blip.is_set():
+            self.waiting.add(session_id)
+            if self.waiting == self.sessions:
+                self.blip.set()
+            await self.blip.wait()
+            raise Unavailable("a: no verdict within the deadline")
+        return await super().verify(session_id, window)
+
+
+def test_one_blip_seen_by_many_sessions_bans_the_verifier_once():
+    """Eight sessions on one verifier see the same outage; the ban is the first failure's, not 2^7 of it
+    (which outlasted the recovery deadline, so every session failed: the exactness bench at 16 sessions
+    gave up with "no verifier reachable within 30s")."""
+    target, draft = "tiny:5", "tiny:5~1"
+    logs = {f"s{i}": SessionLog(PROMPT, 24, frozenset({TINY_EOS})) for i in range(8)}
+    verifier = Blip(VerifierEngine(tiny(target), [TINY_EOS]), logs)
+    pool = VerifierPool(["a"], base_backoff_seconds=0.05, max_backoff_seconds=30)
+    failover = FailoverVerifier(pool, {"a": verifier}, recovery_deadline_seconds=2)
+    drafter = InProcessDrafter(DrafterEngine(tiny(draft)))
+
+    async def one(session_id):
+        await failover.open(session_id, PROMPT, SamplingParams())
+        async for _ in speculate(logs[session_id], session_id, drafter, failover, FixedWindow(2)):
+            await asyncio.sleep(0)
+
+    async def go():
+        await asyncio.gather(*(one(s) for s in logs))
+    asyncio.run(go())
+    assert all(failover.stats(s).failovers == 1 for s in logs)
+    for log in logs.values():
+        assert log.generated == target_only_greedy(target, PROMPT, 24)
 
 
 def opened(target="tiny:3", prompt=PROMPT):
