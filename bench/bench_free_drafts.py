@@ -37,7 +37,7 @@ def replay(prompt: list[int], output: list[int], drafter, profile: dict[int, flo
     telemetry = Telemetry(profile=dict(profile))
     step = lambda tokens: profile[tokens] / profile[1]   # noqa: E731
     session = drafter.session()
-    position = passes = free = drafted = accepted = 0
+    position = passes = free = drafted = accepted = stored = 0
     steps = 0.0
     while position < len(output):
         remaining = len(output) - position - 1
@@ -48,13 +48,14 @@ def replay(prompt: list[int], output: list[int], drafter, profile: dict[int, flo
             n = _matching(picked.tokens, output[position:])
             session.observe(picked, n)
             free, drafted, accepted = free + 1, drafted + len(picked.tokens), accepted + n
+            stored += sum(picked.stored[:n])
         steps += step(len(picked.tokens) + 1 if picked else 1)
         passes += 1
         position += n + 1
-    drafter.absorb(session)
+    ceiling = len(output) / ceiling_steps(prompt, output, drafter, profile, eos_ids)   # before the output is stored
+    drafter.absorb(session, output)
     return {"tokens": len(output), "passes": passes, "free_windows": free, "free_drafted": drafted,
-            "free_accepted": accepted, "speedup": len(output) / steps,
-            "ceiling": len(output) / ceiling_steps(prompt, output, drafter, profile, eos_ids)}
+            "free_accepted": accepted, "stored_accepted": stored, "speedup": len(output) / steps, "ceiling": ceiling}
 
 
 def ceiling_steps(prompt: list[int], output: list[int], drafter, profile: dict[int, float], eos_ids) -> float:
@@ -90,6 +91,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                       "passes": sum(r["passes"] for r in mine), "free_windows": sum(r["free_windows"] for r in mine),
                       "free_accepted": sum(r["free_accepted"] for r in mine),
                       "free_drafted": sum(r["free_drafted"] for r in mine),
+                      "stored_accepted": sum(r.get("stored_accepted", 0) for r in mine),
                       "speedup": geomean([r["speedup"] for r in mine]),
                       "ceiling": geomean([r["ceiling"] for r in mine])})
     return table
@@ -103,11 +105,14 @@ def markdown(result: dict) -> str:
              f"{result['settings']}. {result['args']['tokens']} new tokens per prompt, greedy, chat template.", "",
              f"c(n), a pass over n tokens in one-token steps ({'given' if given else 'measured here'}): "
              + ", ".join(f"{n}: {s / curve['1']:.2f}" for n, s in curve.items()), "",
-             "| category | prompts | tokens/pass | free windows | accepted / drafted | modelled decode speedup | ceiling |",
-             "|---|---|---|---|---|---|---|"]
+             f"Earlier outputs kept for free drafts: {result['args'].get('store', '0')} tokens (accepted tokens from them "
+             "in their own column).", "",
+             "| category | prompts | tokens/pass | free windows | accepted / drafted | from earlier outputs | "
+             "modelled decode speedup | ceiling |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in result["table"]:
         lines.append(f"| {row['category']} | {row['prompts']} | {row['tokens'] / row['passes']:.2f} | "
-                     f"{row['free_windows']} | {row['free_accepted']}/{row['free_drafted']} | "
+                     f"{row['free_windows']} | {row['free_accepted']}/{row['free_drafted']} | {row['stored_accepted']} | "
                      f"{row['speedup']:.2f}x | {row['ceiling']:.2f}x |")
     lines += ["", f"Rerun: `{result['command']}`", ""]
     return "\n".join(lines)
@@ -122,10 +127,17 @@ def main(argv: list[str] | None = None) -> None:
                              "VM measured it); at least two values, c(1) = 1")
     parser.add_argument("--exact", default="auto", choices=["auto", "on", "off"],
                         help="llama.cpp exact mode, as the verifier's --exact (default %(default)s)")
+    parser.add_argument("--store", type=int, default=32768, metavar="TOKENS",
+                        help="tokens of earlier outputs kept for free drafts, as the coordinator's "
+                             "--free-drafts-store: the prompts replay in order, one tenant (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="replay the prompts this many times over, as a workload that asks again (default 1)")
     args = parser.parse_args(argv)
     check_prompt_args(parser, args)
     if args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.store < 0 or args.repeats < 1:
+        parser.error("--store must be >= 0 and --repeats >= 1")
     try:
         curve = [float(x) for x in args.cost_curve.split(",")] if args.cost_curve else []
     except ValueError:
@@ -157,9 +169,9 @@ def main(argv: list[str] | None = None) -> None:
     refs = references(prompts, args.tokens, args.threads)
     log.info("recorded in %.0f s", time.perf_counter() - started)
 
-    drafter = SuffixDrafter()
+    drafter = SuffixDrafter(store_tokens=args.store)
     rows = []
-    for (category, text), prompt, ref in track(list(zip(texts, prompts, refs)), "replaying"):
+    for (category, text), prompt, ref in track(list(zip(texts, prompts, refs)) * args.repeats, "replaying"):
         row = replay(prompt, ref["tokens"], drafter, profile, eos_ids, limit=16)
         rows.append({"category": category, "prompt": text[:80], **row})
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "

@@ -152,9 +152,9 @@ class VerifierInfo(Protocol):
 
 class FreeDrafter(Protocol):
     """The coordinator's free drafter (edgespec.backends.suffix.SuffixDrafter): a session per generation,
-    whose measured acceptance it takes back when the generation ends."""
+    whose measured acceptance, and verified output, it takes back when the generation ends."""
     def session(self) -> FreeDraftSession: ...
-    def absorb(self, session: FreeDraftSession) -> None: ...
+    def absorb(self, session: FreeDraftSession, output: Sequence[int] = ()) -> None: ...
 
 
 class SlotsPort(Protocol):
@@ -286,7 +286,7 @@ class Generations:
             if telemetry.rounds:
                 self.costs.absorb(telemetry)
             if free is not None:
-                self.free_drafter.absorb(free)
+                self.free_drafter.absorb(free, session.generated)
             failover = self.verifier.stats(session_id)
             served_by = self.verifier.address_of(session_id) or ""
             await self._close(session_id, drafter, plan is not None and plan.window != 0)

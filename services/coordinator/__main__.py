@@ -40,6 +40,7 @@ class CoordinatorConfig:
     router_weights: str = ""   # router weights JSON; "" = the shipped ones
     http: "HttpConfig | None" = None  # the OpenAI-compatible HTTP API (--http-port); None = off
     free_drafts: str = "suffix"  # drafts that cost nothing, asked every adaptive-window round: "suffix" | "off"
+    free_drafts_store: int = 0   # tokens of earlier outputs the suffix drafter keeps per coordinator (0 = none)
 
 
 def window_arg(text: str) -> int:
@@ -98,6 +99,12 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                              "them) and send those tokens for verification when, by their measured acceptance and "
                              "the verifier's cost per window, they pay; else the window policy's round. Costs "
                              "microseconds and no model. off = the window policy's rounds only (default %(default)s)")
+    parser.add_argument("--free-drafts-store", type=int, default=32768, metavar="TOKENS",
+                        help="with --free-drafts suffix: keep up to TOKENS tokens of finished generations' outputs "
+                             "(about 2 KB of memory each; the least recently matched dropped first) and draft from a "
+                             "tenant's own earlier outputs too, where they match more of the text than the session's "
+                             "own does: repeated questions, templated answers, agent loops. A tenant is the end "
+                             "user a service calls for, else the calling identity. 0 = off (default %(default)s)")
     parser.add_argument("--max-window", type=int, default=16, help="tokens (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=2048, help="largest request, tokens (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=4096, help="tokens (default %(default)s)")
@@ -188,12 +195,23 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
                                         first_token_alone=a.first_token == "alone")
     except ValueError as error:   # the flags' names, spelt as the settings': --max-window is max_window
         parser.error(f"speculation settings: {error}")
+    if a.free_drafts_store < 0:
+        parser.error(f"--free-drafts-store must be >= 0 tokens (0 = off), got {a.free_drafts_store}")
     generation = GenerationConfig(max_new_tokens=a.max_new_tokens, max_prompt_tokens=a.max_prompt_tokens,
                                   speculation=speculation)
     return CoordinatorConfig(a.host, a.port, drafters, verifiers, a.tokenizer, generation, a.q_ids, a.deadline,
                              a.failover_deadline, a.ban, a.max_ban, a.grace, security_config(parser, a),
                              upstream_security, observability_config(parser, a), a.router_weights, http,
-                             a.free_drafts)
+                             a.free_drafts, a.free_drafts_store)
+
+
+def tenant() -> str:
+    """Whose earlier outputs a generation drafts from (--free-drafts-store): the end user a service calls for,
+    else the calling identity, as authenticated (the OpenAI ``user`` field is not: anyone may send any)."""
+    from edgespec.net.security import current_caller
+
+    caller = current_caller()
+    return caller.end_user_name() or caller.identity
 
 
 def tree_depth(text: str) -> int:
@@ -269,7 +287,8 @@ async def main(config: CoordinatorConfig) -> None:
 
     watchers = [asyncio.ensure_future(e.watch_health(health_changed)) for e in endpoints.values()]
     owners = SessionOwners.for_security(config.security)   # generations in progress per client identity
-    free_drafter = SuffixDrafter() if config.free_drafts == "suffix" else None
+    free_drafter = SuffixDrafter(store_tokens=config.free_drafts_store, tenant=tenant) \
+        if config.free_drafts == "suffix" else None
     servicer = CoordinatorServicer(config.generation, tokenizer, drafters, verifier, owners, router, metrics,
                                    free_drafter)
     # logs a tokenizer mismatch; each drafter's measured cost goes to the window policy's first rounds

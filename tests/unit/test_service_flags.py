@@ -254,3 +254,13 @@ def test_vllm_flags_reach_the_engine_and_bound_the_sessions(monkeypatch):
     # the torch backend ignores them
     torch_config = verifier_args(["--max-model-len", "1024", "--tensor-parallel-size", "2"])
     assert torch_config.backend == "torch" and torch_config.limits.max_session_tokens == 8192
+
+
+def test_the_free_drafts_store_is_on_by_default_and_checked(monkeypatch):
+    assert coordinator_args([]).free_drafts_store == 32768
+    assert coordinator_args(["--free-drafts-store", "0"]).free_drafts_store == 0
+    monkeypatch.setenv("EDGESPEC_COORDINATOR_FREE_DRAFTS_STORE", "100")
+    assert coordinator_args([]).free_drafts_store == 100
+    for bad in ("-1", "lots"):
+        with pytest.raises(SystemExit):
+            coordinator_args(["--free-drafts-store", bad])

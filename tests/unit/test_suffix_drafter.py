@@ -247,3 +247,24 @@ def test_pick_free_draft_never_sends_an_eos_and_declines_what_cannot_pay():
     assert pick_free_draft(session, text, {7}, dear, 8) is None
     assert session.acceptance[b] == pytest.approx(0.1 + DECLINED_DRIFT * (PRIOR_ACCEPTANCE[b] - 0.1))
     assert pick_free_draft(session, [1, 2, 3], {7}, cheap, 8) is None             # nothing matches: nothing sent
+
+
+@pytest.mark.parametrize("bad", [["--store", "-1"], ["--repeats", "0"], ["--store", "many"]])
+def test_the_free_drafts_bench_refuses_bad_flags_before_loading_anything(bad, capsys):
+    from bench.bench_free_drafts import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(bad)
+    assert exit_.value.code == 2 and "--store" in capsys.readouterr().err
+
+
+def test_replay_with_the_store_drafts_a_repeated_output_from_the_first_one():
+    from bench.bench_free_drafts import replay
+
+    profile = {n: 1.0 + (n - 1) / 2 for n in range(1, 10)}
+    output = list(range(100, 160)) + [7]                       # nothing in the prompt to copy
+    drafter = SuffixDrafter(store_tokens=1000)
+    first = replay([1, 2, 3], output, drafter, profile, {7}, limit=16)
+    again = replay([1, 2, 3], output, drafter, profile, {7}, limit=16)
+    assert first["stored_accepted"] == 0 and first["speedup"] == 1.0
+    assert again["stored_accepted"] > 30 and again["speedup"] > 1.5
