@@ -403,6 +403,8 @@ def start_servers(args: argparse.Namespace, stack: ExitStack, log_dir: Path) -> 
                 for key in ("verifier_args", "drafter_args"):   # the demo's 8 sessions, or one per request in flight
                     flags = layout[key] = list(layout[key])
                     flags[flags.index("--max-sequences") + 1] = str(max(8, slots))
+                # every level sends the same prompts: kept outputs would let the next level copy this one's answers
+                layout["coordinator_args"] = [*layout.get("coordinator_args", []), "--free-drafts-store", "0"]
                 servers[name] = edgespec_cluster(layout, log_dir / "edgespec")
             elif name.startswith("llama-server"):
                 from bench.llamacpp_tools import ensure_tools

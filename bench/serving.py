@@ -205,5 +205,6 @@ def edgespec_cluster(layout: dict, log_dir: Path, timeout_seconds: float = 60) -
     where = (f"verifier on CPU {layout['verifier_cpus']}, drafter and coordinator on CPU {layout['edge_cpus']}"
              if layout.get("verifier_cpus") else "all services on the same CPUs")
     settings = (f"verifier {' '.join(layout.get('verifier_args', []))}; drafter "
-                f"{' '.join(layout.get('drafter_args', []))}; {where}")
+                f"{' '.join(layout.get('drafter_args', []))}; coordinator "
+                f"{' '.join(layout.get('coordinator_args', [])) or '(defaults)'} --http-port 0; {where}")
     return Server("edgespec", base_url, settings, cluster.stop, [s.process.pid for s in cluster.services])
