@@ -18,7 +18,8 @@ sends ignore_eos only when every system in the run honours it (edgespec where it
 so that every system generates --tokens tokens; otherwise each stops at EOS, where greedy outputs of one model
 stop alike. (Past an EOS the texts part: llama.cpp bans EOS, vLLM and edgespec go on after it.) No system
 reuses an earlier request's prompt (llama-server: cache_prompt false and no host prompt cache; vLLM: prefix
-caching off; edgespec's llama.cpp verifier does not by default), since the same prompts come back at every
+caching off; edgespec's llama.cpp verifier does not by default, and its coordinator runs with
+--free-drafts-store 0: no free drafts from earlier answers), since the same prompts come back at every
 concurrency level.
 
 All systems run on the same CPUs (--cpus, default all of this process's; edgespec's services share them as
