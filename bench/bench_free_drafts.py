@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{len(os.sched_getaffinity(0))} CPUs", "target": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
               "settings": settings, "args": {k: str(v) for k, v in vars(args).items()},
               "cost_curve": {str(n): s for n, s in profile.items()}, "rows": rows, "table": summarise(rows),
-              "table_without_store": summarise(without) if without else [],
+              "table_without_store": summarise(without) if without else [], "rows_without_store": without,
               "command": "edgespec bench free-drafts " + " ".join(argv if argv is not None else sys.argv[1:])}
     write_report(result, markdown(result), args.out)
 
