@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-RECENT_OCCURRENCES = 64   # occurrences of an n-gram counted for its continuation, most recently matched outputs first
+RECENT_OCCURRENCES = 64   # occurrences of an n-gram counted for its continuation, the most recently added
 _POSITION_BITS = 32       # an occurrence is packed in one int: output id << _POSITION_BITS | position (half the memory)
 
 
@@ -64,14 +64,14 @@ class OutputStore:
 
     def follower(self, tenant: str, gram: tuple[int, ...]) -> tuple[int, float] | None:
         """The token that most often followed ``gram`` in ``tenant``'s outputs and the share of the occurrences it
-        followed (ties: the most recently matched output's); None if ``gram`` never occurred with a follower.
-        The outputs it came from count as used."""
+        followed (ties: the most recently added output's); None if ``gram`` never occurred with a follower.
+        The output it came from counts as used."""
         where = self._follows.get((tenant, gram))
         if not where:
             return None
         mask = (1 << _POSITION_BITS) - 1
-        seen: list[tuple[int, int]] = []   # (output id, follower), most recently used outputs first
-        for packed in sorted(where, key=lambda p: self._used[p >> _POSITION_BITS], reverse=True):
+        seen: list[tuple[int, int]] = []   # (output id, follower), the latest occurrence first
+        for packed in reversed(where):
             key, end = packed >> _POSITION_BITS, packed & mask
             tokens = self._outputs[key][1]
             if end < len(tokens):
