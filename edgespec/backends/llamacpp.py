@@ -449,8 +449,13 @@ class LlamaCppLM(IncrementalLM):
             if out:
                 wanted.append(f)
         batch.n_tokens = len(chunk)
-        if len(chunk) == 1 and self.exact.single_threads and not self.exact.unified:   # a stream: its own cells
-            self._set_single_threads(self.threads if batch.pos[0] < ONE_CHUNK_POSITIONS else self.exact.single_threads)
+        if self.exact.single_threads and not self.exact.unified:   # a stream a session: its own cells
+            # llama.cpp runs every one-row pass on the one-token threads, and it splits a decode of several
+            # streams' rows into passes of consecutive streams with as many rows each: a one-row pass comes out of
+            # bigger decodes too (2 rows of A beside 1 of B: A's second alone). So any row past the one-chunk
+            # positions sets one thread, whatever the decode's size.
+            far = max(batch.pos[i] for i in range(len(chunk)))
+            self._set_single_threads(self.threads if far < ONE_CHUNK_POSITIONS else self.exact.single_threads)
         status = llama.llama_decode(self._ctx, batch)
         if status == 1 and self._retained:   # no free cells: give back the kept ones and try once more
             while self._retained:

@@ -352,6 +352,28 @@ def test_exact_mode_computes_sessions_batched_rows_as_each_ones_one_token_decode
         lm.close()
 
 
+def test_exact_mode_keeps_one_row_passes_of_a_mixed_decode_in_one_chunk():
+    """A decode of several sessions' rows is split by llama.cpp into passes of consecutive streams with as many rows
+    each; a pass left with one row runs on the one-token decode's threads. Session A's window of 2 rows beside
+    session B's 1 row (B just decoded a token below ONE_CHUNK_POSITIONS, on both threads) leaves A's second row
+    alone in a pass, past 256 cached positions: it must still be A's own rows, bit for bit (the 16-session
+    divergences on Spec-Bench's long prompts, 2026-12-07)."""
+    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=4096, max_sequences=8, exact=llamacpp.EXACT)
+    try:
+        long, short = (PROMPTS[0] * 20)[:300], PROMPTS[1][:20]
+        a, b = lm.new_state(), lm.new_state()
+        lm.prefill(a, long)
+        lm.prefill(b, short)
+        lm.logits_rows(b, short + [9], 1)                    # a one-token decode at position 20: both threads
+        rows = lm.logits_rows_batch([a, b], [long + [5, 6], short + [9, 7]], [2, 1])
+        alone = lm.new_state()
+        lm.prefill(alone, long)
+        assert np.array_equal(lm.logits_rows(alone, long + [5, 6], 2), rows[0])
+        del a, b, alone
+    finally:
+        lm.close()
+
+
 def one_token_steps_across_the_split(threads, prompt, steps):
     """Logits of ``steps`` one-token greedy decodes after ``prompt`` in exact mode, a 3-token window rolled back
     before each, and the threads each decode ran on."""
