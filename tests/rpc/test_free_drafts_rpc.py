@@ -35,23 +35,21 @@ def test_free_drafts_over_grpc_give_target_only_output_and_stay_off_where_asked(
         assert tokens == reference and stats.free_rounds == 0
 
 
-def test_a_tenant_s_repeated_request_drafts_from_its_earlier_output_and_no_one_else_s(tmp_path):
-    """--free-drafts-store: the coordinator keeps finished outputs per tenant (here the identity of a bearer
-    token). Alice's second identical request drafts her first one's output; Bob's first is on his own."""
+def test_a_tenant_s_repeated_request_with_earlier_outputs_kept_is_still_target_only_output(tmp_path):
+    """--free-drafts-store (on by default): the coordinator keeps finished outputs per tenant (here the identity of a
+    bearer token). Alice asks twice, Bob once: every answer is target-only greedy's. Whether the stored drafts are
+    sent depends on the verifier's measured costs, which a loaded machine moves (0 to over 20 of 47 tokens seen
+    here), so what is drafted from which tenant's outputs is tested in process with given costs
+    (tests/unit/test_output_store.py)."""
     prompt = "Name three colours of the rainbow."
     tokens_file = tmp_path / "tokens"
     tokens_file.write_text("alice a-token\nbob b-token\n")
-    reference = None
     with LocalCluster(tmp_path, verifier_args=["--model", TARGET], drafter_args=["--model", DRAFT],
                       coordinator_args=["--tokenizer", "bytes", "--auth-tokens", str(tokens_file)]) as cluster:
         def run(token):
             tokens, stats = collect(cluster.coordinator.address, prompt, 48, -1, security=ClientSecurity(token=token))
-            return tokens, stats.free_accepted_tokens
+            assert stats.free_accepted_tokens <= stats.free_drafted_tokens and stats.new_tokens == len(tokens)
+            return tokens
 
-        reference, first = run("a-token")
-        again, second = run("a-token")
-        bob, bobs = run("b-token")
-    assert reference == again == bob == target_only_greedy(TARGET, list(prompt.encode()), 48)
-    # how many of the stored drafts are sent depends on the verifier's measured costs (the machine's load): 11 and
-    # over 20 of the 47 tokens after the first were seen on 2 loaded CPUs
-    assert second >= 4 and second > first and second > bobs, (first, second, bobs)
+        answers = [run("a-token"), run("a-token"), run("b-token")]
+    assert answers == [target_only_greedy(TARGET, list(prompt.encode()), 48)] * 3
