@@ -37,6 +37,7 @@ PRIOR_ACCEPTANCE = (0.2, 0.45, 0.6, 0.7, 0.8, 0.9)
 # The same for a match in an earlier output (the store: matches of 3 tokens or more), then its buckets are
 # measured apart from the session's own
 PRIOR_STORED = (0.2, 0.45, 0.4, 0.5, 0.6, 0.75)
+PRIORS = PRIOR_ACCEPTANCE + PRIOR_STORED   # [bucket] (see bucket())
 RECENT_OCCURRENCES = 64   # occurrences of a suffix counted for its continuation: the most recent ones
 # Per proposal declined (not sent: it would not pay by the estimate), its first token's bucket moves this far
 # back toward its prior: an estimate that fell below what pays is never measured again otherwise, and copies
@@ -84,7 +85,7 @@ class SuffixDrafter:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
         self.max_ngram = max_ngram        # longest suffix looked up, tokens
         self.smoothing = smoothing        # EMA weight of one verdict on a bucket's acceptance
-        self.acceptance = list(PRIOR_ACCEPTANCE + PRIOR_STORED)   # [bucket] measured acceptance of a free draft token
+        self.acceptance = list(PRIORS)   # [bucket] measured acceptance of a free draft token
         # earlier generations' outputs by tenant, up to store_tokens tokens (0: none kept)
         self.store = OutputStore(store_tokens, max_ngram) if store_tokens else None
         self.tenant = tenant              # whose generation is being served (called as a session opens)
@@ -143,7 +144,7 @@ class SuffixSession:
         """A proposal the caller did not send: its first token's bucket drifts back toward the prior."""
         if proposal.matched:
             b = proposal.bucket(0)
-            self.acceptance[b] += DECLINED_DRIFT * ((PRIOR_ACCEPTANCE + PRIOR_STORED)[b] - self.acceptance[b])
+            self.acceptance[b] += DECLINED_DRIFT * (PRIORS[b] - self.acceptance[b])
 
     def _continue(self, ahead: Sequence[int]) -> tuple[int, float, int, bool] | None:
         """(the token that most often followed the longest matching suffix of the text + ``ahead``, the share of
