@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from edgespec.control.awc import AwcWindow
+from edgespec.control.goodput import best_window
 from edgespec.control.sample import RoundSample
 from edgespec.control.telemetry import Telemetry
 from edgespec.control.window import FixedWindow, GoodputWindow, HeuristicWindow
@@ -233,6 +234,24 @@ def test_the_shared_forward_is_charged_for_every_window_in_it():
     one = Telemetry()
     one.record(loaded_round(0, 0, 8))
     assert one.forward_seconds(16) == pytest.approx(2 * (A + B * 8))      # one size: in proportion
+
+
+def test_noise_between_measured_sizes_does_not_make_a_shared_forwards_extra_tokens_free():
+    """Forward times as 16 sessions on 2 CPUs measured them (one-host serving, 2026-12-07): sizes measured by a few
+    rounds each, 16, 20 and 24 tokens within a millisecond of each other, 32 cheaper than 31. Along the last
+    segment, a forward of 48 tokens cost what one of 32 did, and free drafts of 8 tokens at 60-90% confidence were
+    sent to forwards every session waited for (0.84x window 0's throughput)."""
+    t = Telemetry()
+    t.batch_windows = 15.95
+    t.forward_curve = {1: 0.059, 16: 0.752, 18: 0.941, 20: 0.649, 24: 0.698, 26: 0.719, 27: 0.8, 32: 0.79}
+    assert t.verify_estimate(2) - t.verify_estimate(1) > 15 * 0.02           # the fitted slope, 27 ms a token
+    t.profile = {n: 0.042 * c for n, c in zip(range(1, 10), (1, 1.74, 2.39, 3.46, 4.40, 5.10, 6.12, 7.02, 7.86))}
+    assert t.token_seconds() >= 0.042 * 6.86 / 8                               # no less than the verifier's own
+    confident = [0.9] * 8
+    assert best_window(confident, 0.0, t.round_overhead(), lambda k: t.verify_estimate(k), 8) == 0
+    t.batch_windows = 1.0                                                      # alone, the same drafts pay
+    t.verify_compute = {0: 0.059}
+    assert best_window(confident, 0.0, t.round_overhead(), lambda k: t.verify_estimate(k), 8) > 0
 
 
 def test_without_batch_reports_the_estimates_are_the_measured_ones():
