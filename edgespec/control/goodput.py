@@ -97,3 +97,13 @@ def curve_seconds(curve: dict[int, float], tokens: float, low: bool = False) -> 
     hi = next(n for n in sizes if n >= tokens)
     lo = max(n for n in sizes if n <= tokens)
     return curve[lo] if lo == hi else curve[lo] + (curve[hi] - curve[lo]) * (tokens - lo) / (hi - lo)
+
+
+def curve_slope(curve: dict[int, float]) -> float:
+    """The least-squares slope of measured seconds against size (seconds per token), at least 0; with one size
+    measured, in proportion to it (0 with none)."""
+    if len(curve) < 2:
+        return sum(curve.values()) / sum(curve) if curve else 0.0
+    mean_n, mean_t = sum(curve) / len(curve), sum(curve.values()) / len(curve)
+    spread = sum((n - mean_n) ** 2 for n in curve)
+    return max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in curve.items()) / spread)

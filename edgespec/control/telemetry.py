@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.control.goodput import (best_rate, best_tree_depth, best_window, curve_seconds, expected_tokens,
-                                      goodput)
+from edgespec.control.goodput import (best_rate, best_tree_depth, best_window, curve_seconds, curve_slope,
+                                      expected_tokens, goodput)
 from edgespec.control.sample import RoundSample
 
 
@@ -260,10 +260,7 @@ class Telemetry:
         """Least-squares slope of verifier forward seconds against window size (seconds per token)."""
         if len(self.verify_compute) < 2:
             return self.prior_verify_slope * self.reference_seconds()
-        ks, ts = list(self.verify_compute), list(self.verify_compute.values())
-        mk, mt = sum(ks) / len(ks), sum(ts) / len(ts)
-        num = sum((k - mk) * (t - mt) for k, t in zip(ks, ts))
-        return max(0.0, num / sum((k - mk) ** 2 for k in ks))
+        return curve_slope(self.verify_compute)
 
     def forward_seconds(self, tokens: float) -> float | None:
         """The verifier's forward time for a forward that feeds ``tokens`` (all its windows), from the forwards
@@ -278,13 +275,8 @@ class Telemetry:
         measured by a few rounds, and two neighbours whose noise ran the wrong way made a forward of 16 more
         tokens look free (measured: 16 sessions on 2 CPUs, each token costing a forward 35 ms, free drafts of 8
         tokens sent at 25% acceptance, 0.84x window 0's throughput)."""
-        def slope(points: dict[int, float]) -> float:
-            if len(points) < 2:
-                return sum(points.values()) / sum(points) if points else 0.0
-            sizes, seconds = np.array(list(points), dtype=float), np.array(list(points.values()))
-            return max(0.0, float(np.polyfit(sizes, seconds, 1)[0]))
-        own = slope(self.profile) * self._profile_scale(self.forward_curve.items()) if len(self.profile) > 1 else 0.0
-        return max(slope(self.forward_curve), own)
+        own = curve_slope(self.profile) * self._profile_scale(self.forward_curve.items()) if len(self.profile) > 1 else 0.0
+        return max(curve_slope(self.forward_curve), own)
 
     def round_overhead(self) -> float:
         """Seconds every round pays besides drafting and its forward: the link's round trip and the window's wait in
