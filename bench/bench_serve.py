@@ -24,8 +24,9 @@ concurrency level.
 
 All systems run on the same CPUs (--cpus, default all of this process's; edgespec's services share them as
 --edgespec-layout says, the others use all of them). For each concurrency level every system's client runs in
-turn, the order reversed at every other level, so that drift on a shared machine hits them alike; the CPU
-seconds the idle servers spend meanwhile are recorded.
+turn, the order reversed at every other run, so that drift on a shared machine hits them alike (--repeats 2
+runs each twice, forward then back, and merges a system's runs into one row); the CPU seconds the idle servers
+spend meanwhile are recorded.
 
 Reported per (system, concurrency): output tokens/s, TTFT, TPOT and ITL p50/p99 as the client measures them
 (ITL is its gap between streamed chunks: edgespec streams a round's tokens together, so read TPOT for the decode
@@ -52,6 +53,8 @@ import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from harness.cluster import REPO_ROOT
 from bench.serving import (Server, ServerFailed, edgespec_cluster, llama_server, log_tail, stop_group,
@@ -185,7 +188,38 @@ def summarise_run(system: str, concurrency: int, result: dict) -> dict:
     if errors:
         row["first_error"] = errors[0].strip().splitlines()[-1][:300]
     row["texts"] = result.get("generated_texts", [])
+    if "output_throughput_runs" in result:
+        row["output_tok_s_runs"] = result["output_throughput_runs"]
     return row
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One client result of several runs of a (system, concurrency), as `vllm bench serve` would have saved it had
+    it sent their requests in one run: durations, counts and the spec-decode counters summed, the percentiles over
+    every completed request (TTFT, TPOT = (latency - TTFT) / (output tokens - 1), end to end) and every streamed
+    gap (ITL), texts and errors run after run. One result is itself."""
+    if len(results) == 1:
+        return results[0]
+    merged = {key: sum(r.get(key) or 0 for r in results) for key in
+              ("num_prompts", "completed", "failed", "duration", "total_output_tokens", "spec_decode_num_drafts",
+               "spec_decode_draft_tokens", "spec_decode_accepted_tokens")}
+    merged["output_throughput"] = merged["total_output_tokens"] / merged["duration"] if merged["duration"] else 0.0
+    merged["output_throughput_runs"] = [r["output_throughput"] for r in results]
+    ok = [(r["ttfts"][i], r["latencies"][i], r["output_lens"][i], r["itls"][i])
+          for r in results for i in range(len(r.get("ttfts", []))) if not r["errors"][i]]
+    series = {"ttft": [t for t, _, _, _ in ok], "e2el": [lat for _, lat, _, _ in ok],
+              "tpot": [(lat - t) / (n - 1) for t, lat, n, _ in ok if n > 1],
+              "itl": [gap for _, _, _, gaps in ok for gap in gaps]}
+    for metric, values in series.items():
+        for p in (50, 99):
+            merged[f"p{p}_{metric}_ms"] = float(np.percentile(values or [0], p)) * 1000
+    if any("spec_decode_acceptance_rate" in r for r in results) and merged["spec_decode_draft_tokens"]:
+        merged["spec_decode_acceptance_rate"] = 100 * merged["spec_decode_accepted_tokens"] / merged["spec_decode_draft_tokens"]
+        merged["spec_decode_acceptance_length"] = (1 + merged["spec_decode_accepted_tokens"] / merged["spec_decode_num_drafts"]
+                                                   if merged["spec_decode_num_drafts"] else 0.0)
+    merged["generated_texts"] = [text for r in results for text in r.get("generated_texts", [])]
+    merged["errors"] = [e for r in results for e in r.get("errors", [])]
+    return merged
 
 
 def add_comparisons(rows: list[dict]) -> None:
@@ -294,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Spec-Bench first turns, round robin over its 13 categories (default %(default)s)")
     parser.add_argument("--tokens", metavar="N", type=int, default=64,
                         help="new tokens per request, max_tokens (default %(default)s)")
+    parser.add_argument("--repeats", metavar="N", type=int, default=1,
+                        help="runs of every (system, concurrency), in the order forward, back, forward ...; a row "
+                             "merges a system's runs at a level (default %(default)s; 2 cancels a steady drift)")
     parser.add_argument("--cpus", metavar="CPUS", default="",
                         help="CPU list every system runs on, e.g. 0-3 (default: this process's CPUs)")
     parser.add_argument("--edgespec-layout", choices=["one-host", "split"], default="one-host",
@@ -332,8 +369,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not names:
         parser.error(f"--systems: unknown {', '.join(unknown) or 'empty'} (known: {', '.join(SYSTEMS)}, or all)")
     args.names = names
-    if args.subset < 1 or args.tokens < 1 or args.llama_threads < 0:
-        parser.error("--subset and --tokens must be >= 1, --llama-threads >= 0")
+    if args.subset < 1 or args.tokens < 1 or args.repeats < 1 or args.llama_threads < 0:
+        parser.error("--subset, --tokens and --repeats must be >= 1, --llama-threads >= 0")
     if not args.prompts_file.is_file():
         parser.error(f"--prompts-file: no such file {args.prompts_file}")
     args.cpu_list = _cpu_list(parser, args.cpus) if args.cpus else sorted(os.sched_getaffinity(0))
@@ -449,33 +486,47 @@ def measure(args: argparse.Namespace, servers: dict[str, Server], client: Path, 
     """Every (concurrency, system) run, interleaved; (rows, whether ignore_eos was sent)."""
     systems = [name for name in args.names if SYSTEMS[name].server in servers]
     ignore_eos = all(SYSTEMS[name].honours_ignore_eos for name in systems)
-    rows = []
+    rows, runs = [], 0
     for level, concurrency in enumerate(args.levels):
-        for name in systems if level % 2 == 0 else systems[::-1]:
-            server = servers[SYSTEMS[name].server]
-            others = [pid for s in servers.values() if s is not server for pid in s.pids]
-            idle_before = sum(tree_cpu_seconds(pid) for pid in others)
-            result_path = log_dir / "results" / f"{name}-c{concurrency}.json"
-            result_path.parent.mkdir(parents=True, exist_ok=True)
-            started = time.perf_counter()
-            try:
-                result = run_client(client, client_args(server.base_url, name, SYSTEMS[name].extra_body, dataset,
-                                                        count, args.tokens, concurrency, tokenizer, result_path,
-                                                        ignore_eos),
-                                    log_dir / f"client-{name}-c{concurrency}.log", args.timeout)
-                row = summarise_run(name, concurrency, result)
-            except ClientFailed as error:
-                row = {"system": name, "concurrency": concurrency, "completed": 0, "error": str(error)}
-            row["other_servers_cpu_s"] = round(sum(tree_cpu_seconds(pid) for pid in others) - idle_before, 2)
-            row["run"] = len(rows)   # the order the runs were made in
-            rows.append(row)
-            if "error" in row:
-                print(f"   {name} C={concurrency}: {row['error']}", flush=True)
+        results: dict[str, list[dict]] = {name: [] for name in systems}
+        failed: dict[str, str] = {}
+        idle: dict[str, float] = {name: 0.0 for name in systems}
+        for repeat in range(args.repeats):
+            for name in systems if (level * args.repeats + repeat) % 2 == 0 else systems[::-1]:
+                if name in failed:
+                    continue
+                server = servers[SYSTEMS[name].server]
+                others = [pid for s in servers.values() if s is not server for pid in s.pids]
+                idle_before = sum(tree_cpu_seconds(pid) for pid in others)
+                suffix = f"-r{repeat + 1}" if args.repeats > 1 else ""
+                result_path = log_dir / "results" / f"{name}-c{concurrency}{suffix}.json"
+                result_path.parent.mkdir(parents=True, exist_ok=True)
+                started = time.perf_counter()
+                try:
+                    result = run_client(client, client_args(server.base_url, name, SYSTEMS[name].extra_body, dataset,
+                                                            count, args.tokens, concurrency, tokenizer, result_path,
+                                                            ignore_eos),
+                                        log_dir / f"client-{name}-c{concurrency}{suffix}.log", args.timeout)
+                except ClientFailed as error:
+                    failed[name] = str(error)
+                    print(f"   {name} C={concurrency}: {error}", flush=True)
+                    continue
+                finally:
+                    idle[name] = max(idle[name], sum(tree_cpu_seconds(pid) for pid in others) - idle_before)
+                results[name].append(result)
+                runs += 1
+                print(f"   {name} C={concurrency}{suffix}: {result['output_throughput']:.1f} tok/s, TTFT p50 "
+                      f"{result['p50_ttft_ms']:.0f} ms, TPOT p50 {result['p50_tpot_ms']:.0f} ms, "
+                      f"{result['completed']}/{result['num_prompts']} done ({time.perf_counter() - started:.0f}s; "
+                      f"idle servers used {idle[name]:.2f} CPU s)", flush=True)
+        for name in systems:
+            if name in failed:
+                row = {"system": name, "concurrency": concurrency, "completed": 0, "error": failed[name]}
             else:
-                print(f"   {name} C={concurrency}: {row['output_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} "
-                      f"ms, TPOT p50 {row['tpot_p50_ms']:.0f} ms, {row['completed']}/{row['prompts']} done "
-                      f"({time.perf_counter() - started:.0f}s; idle servers used {row['other_servers_cpu_s']} CPU s)",
-                      flush=True)
+                row = summarise_run(name, concurrency, merge_results(results[name]))
+            row["other_servers_cpu_s"] = round(idle[name], 2)
+            row["runs"] = len(results[name])
+            rows.append(row)
     add_comparisons(rows)
     return rows, ignore_eos
 

@@ -11,9 +11,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bench.bench_serve import (SYSTEMS, add_comparisons, build_parser, client_args, markdown, parse_args,
+from bench.bench_serve import (SYSTEMS, add_comparisons, build_parser, client_args, markdown, merge_results, parse_args,
                                run_client, spec_bench_subset, summarise_run)
 from bench.serving import ServerFailed, start_http_server
 
@@ -39,6 +40,23 @@ def test_a_row_is_what_the_client_saved():
     assert row["tpot_p50_ms"] == raw["p50_tpot_ms"] and row["itl_p99_ms"] == raw["p99_itl_ms"]
     assert row["completed"] == 2 and row["failed"] == 0 and row["tokens_per_request"] == 16.0
     assert row["texts"] == raw["generated_texts"] and "first_error" not in row
+
+
+def test_repeated_runs_merge_as_one_run_of_all_their_requests():
+    one = next(run["result"] for run in SMOKE["runs"] if run["system"] == "edgespec" and run["concurrency"] == 2)
+    assert merge_results([one]) is one
+    slower = dict(one, duration=2 * one["duration"], output_throughput=one["output_throughput"] / 2,
+                  ttfts=[2 * t for t in one["ttfts"]], latencies=[2 * t for t in one["latencies"]],
+                  itls=[[2 * g for g in gaps] for gaps in one["itls"]])
+    row = summarise_run("edgespec", 2, merge_results([one, slower]))
+    assert row["completed"] == 4 and row["output_tokens"] == 64 and row["prompts"] == 4
+    assert row["output_tok_s"] == pytest.approx(64 / (3 * one["duration"]))     # tokens over time, not a mean of rates
+    assert row["output_tok_s_runs"] == [one["output_throughput"], one["output_throughput"] / 2]
+    assert row["ttft_p50_ms"] == pytest.approx(1000 * float(np.percentile(one["ttfts"] + slower["ttfts"], 50)))
+    tpots = [(lat - t) / (n - 1) for r in (one, slower) for t, lat, n in zip(r["ttfts"], r["latencies"], r["output_lens"])]
+    assert row["tpot_p99_ms"] == pytest.approx(1000 * float(np.percentile(tpots, 99)))
+    assert row["acceptance"] == pytest.approx(4 / 9) and row["accepted_per_draft"] == 1.5   # counters summed
+    assert row["texts"] == one["generated_texts"] * 2
 
 
 def test_draft_acceptance_comes_from_the_servers_spec_decode_counters():
@@ -136,7 +154,8 @@ def test_window_0_rides_in_the_request_body_and_ignore_eos_only_when_asked(tmp_p
 def test_flags_are_checked():
     assert parse_args(["--concurrency", "16,1,4"]).levels == [1, 4, 16]
     assert parse_args([]).names == list(SYSTEMS)
-    for wrong in (["--systems", "llama"], ["--concurrency", "0"], ["--concurrency", "a"], ["--subset", "0"]):
+    for wrong in (["--systems", "llama"], ["--concurrency", "0"], ["--concurrency", "a"], ["--subset", "0"],
+                  ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             parse_args(wrong)
 
