@@ -6,6 +6,10 @@ Systems, each an OpenAI-compatible HTTP server started once, before anything is 
   edgespec           llama.cpp verifier, drafter and coordinator on loopback (harness/cluster.py; placed on the CPUs
                      as --edgespec-layout says), the coordinator's OpenAI API, its default adaptive window
   edgespec-w0        the same services, each request asking for window 0 (target-only): {"edgespec": {"window": 0}}
+  edgespec-exact-off, edgespec-exact-off-w0
+                     the same two on services of their own whose verifier runs --exact off: llama.cpp's kernels at
+                     every batch size, as llama-server runs them, so its greedy texts may change with the batch
+                     (docs/llamacpp-exactness.md); what exactness costs under load
   llama-server       llama.cpp's own server on the verifier's target GGUF, built from the vendored llama.cpp
                      (bench/llamacpp_tools.py), continuous batching over -np slots (the largest concurrency)
   llama-server-spec  the same with llama.cpp's own speculative decoding on the drafter's GGUF (-md)
@@ -82,7 +86,7 @@ serve.main(parser.parse_args(sys.argv[1:]))
 """
 CTX_PER_SLOT = 2048      # KV cells per llama-server slot: what edgespec's verifier gives a session (--exact on)
 MAX_MODEL_LEN = 2048     # vLLM's context, the same; Spec-Bench's longest first turn is 1517 tokens templated
-BASELINES = ("llama-server", "edgespec-w0")
+BASELINES = ("llama-server", "edgespec-w0", "edgespec-exact-off-w0")   # each row's ratios to those that ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ def _edgespec_takes(field_name: str) -> bool:
 SYSTEMS = {
     "edgespec": System("edgespec", {}, _edgespec_takes("ignore_eos")),
     "edgespec-w0": System("edgespec", {"edgespec": {"window": 0}}, _edgespec_takes("ignore_eos")),
+    "edgespec-exact-off": System("edgespec-exact-off", {}, _edgespec_takes("ignore_eos")),
+    "edgespec-exact-off-w0": System("edgespec-exact-off", {"edgespec": {"window": 0}}, _edgespec_takes("ignore_eos")),
     "llama-server": System("llama-server", {"cache_prompt": False}, True),
     "llama-server-spec": System("llama-server-spec", {"cache_prompt": False}, True),
     "vllm": System("vllm", {}, True, optional=True),
@@ -255,18 +261,20 @@ def markdown(report: dict) -> str:
     """The report's tables, a row per (concurrency, system) in the order of --systems."""
     order = report.get("systems") or list(SYSTEMS)
     rows = sorted(report["rows"], key=lambda r: (r["concurrency"], order.index(r["system"])))
+    inexact = any("vs_edgespec_exact_off_w0" in row for row in rows)   # a column for the exact-off services' floor
     lines = [f"# Serving under concurrency: `vllm bench serve` against each system ({report['date']})", "",
              f"Machine: {report['machine']}. {report['prompts']} Spec-Bench first turns ({report['categories']}), "
              f"{report['tokens']} new tokens each (max_tokens; ignore_eos {'on' if report['ignore_eos'] else 'off'}), "
              f"greedy, chat template by the server; client: vLLM {report['client']} `vllm bench serve --backend "
              "openai-chat`, every level's prompts sent at once with at most C in flight.", "",
              "| system | C | output tok/s | vs llama-server | vs window 0 | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-             "| ITL p50 / p99 ms | tokens per request | same text as window 0 | draft acceptance | done |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ITL p50 / p99 ms | tokens per request | same text as window 0 | draft acceptance | done |"
+             + (" vs window 0, exact off |" if inexact else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if inexact else "")]
     for row in rows:
         if row.get("error"):
             lines.append(f"| {row['system']} | {row['concurrency']} | failed: {row['error'].splitlines()[0]} "
-                         "| | | | | | | | | |")
+                         "| | | | | | | | | |" + (" |" if inexact else ""))
             continue
         vs_llama, vs_w0 = row.get("vs_llama_server", {}), row.get("vs_edgespec_w0", {})
         same = row.get("same_text_as_edgespec_w0")
@@ -276,7 +284,8 @@ def markdown(report: dict) -> str:
                      f"| {_pair(row, 'ttft')} | {_pair(row, 'tpot')} | {_pair(row, 'itl')} "
                      f"| {row['tokens_per_request']:.1f} | {same} "
                      f"| {'' if row.get('acceptance') is None else format(row['acceptance'], '.0%')} "
-                     f"| {row['completed']}/{row['prompts']} |")
+                     f"| {row['completed']}/{row['prompts']} |"
+                     + (f" {_x(row.get('vs_edgespec_exact_off_w0', {}).get('output_tok_s'))} |" if inexact else ""))
     lines += ["", "| system | C | TPOT p50 vs llama-server | TPOT p50 vs window 0 | TTFT p50 vs llama-server "
               "| TTFT p50 vs window 0 |", "|---|---|---|---|---|---|"]
     for row in rows:
@@ -424,9 +433,28 @@ def warm_up(server: Server, system: str, tokens: int = WARM_UP_TOKENS) -> None:
         raise ServerFailed(f"{server.name}: {system}'s warm-up request failed: {error}") from None
 
 
+def edgespec_layout(server: str, placement: str, slots: int) -> dict:
+    """The services' arguments for ``server`` (edgespec, or edgespec-exact-off: its verifier at --exact off),
+    placed as ``placement`` (--edgespec-layout) says, with a session for each of ``slots`` requests in flight."""
+    from bench.demo import cluster_layout
+
+    layout = cluster_layout("llamacpp", "auto", one_host=placement == "one-host")
+    for key in ("verifier_args", "drafter_args"):   # the demo's 8 sessions, or one per request in flight
+        flags = layout[key] = list(layout[key])
+        flags[flags.index("--max-sequences") + 1] = str(max(8, slots))
+    if server == "edgespec-exact-off":
+        flags = layout["verifier_args"]
+        if "--exact" in flags:
+            flags[flags.index("--exact") + 1] = "off"
+        else:
+            flags += ["--exact", "off"]
+    # every level sends the same prompts: kept outputs would let the next level copy this one's answers
+    layout["coordinator_args"] = [*layout.get("coordinator_args", []), "--free-drafts-store", "0"]
+    return layout
+
+
 def start_servers(args: argparse.Namespace, stack: ExitStack, log_dir: Path) -> tuple[dict[str, Server], dict]:
     """Start every server the chosen systems need, each stopped by ``stack``; (servers by name, skipped: why)."""
-    from bench.demo import cluster_layout
     from edgespec.backends.assets import PACKAGED, cache_root, ensure_gguf
 
     needed = list(dict.fromkeys(SYSTEMS[name].server for name in args.names))
@@ -436,14 +464,9 @@ def start_servers(args: argparse.Namespace, stack: ExitStack, log_dir: Path) -> 
     for name in needed:
         print(f"== starting {name}", flush=True)
         try:
-            if name == "edgespec":
-                layout = cluster_layout("llamacpp", "auto", one_host=args.edgespec_layout == "one-host")
-                for key in ("verifier_args", "drafter_args"):   # the demo's 8 sessions, or one per request in flight
-                    flags = layout[key] = list(layout[key])
-                    flags[flags.index("--max-sequences") + 1] = str(max(8, slots))
-                # every level sends the same prompts: kept outputs would let the next level copy this one's answers
-                layout["coordinator_args"] = [*layout.get("coordinator_args", []), "--free-drafts-store", "0"]
-                servers[name] = edgespec_cluster(layout, log_dir / "edgespec")
+            if name.startswith("edgespec"):
+                layout = edgespec_layout(name, args.edgespec_layout, slots)
+                servers[name] = edgespec_cluster(layout, log_dir / name, name=name)
             elif name.startswith("llama-server"):
                 from bench.llamacpp_tools import ensure_tools
                 binary = ensure_tools(("llama-server",))["llama-server"]

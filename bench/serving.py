@@ -174,7 +174,7 @@ def vllm_server(python: Path, model_dir: Path, *, max_sequences: int, max_model_
                                       *args], log_dir, port, timeout_seconds, settings, env)
 
 
-def edgespec_cluster(layout: dict, log_dir: Path, timeout_seconds: float = 60) -> Server:
+def edgespec_cluster(layout: dict, log_dir: Path, timeout_seconds: float = 60, name: str = "edgespec") -> Server:
     """The demo's cluster (verifier, drafter, coordinator on loopback, as ``layout`` places them) with the
     coordinator's OpenAI HTTP API on a free port."""
     cluster = LocalCluster(log_dir, **{**layout, "coordinator_args": [*layout.get("coordinator_args", []),
@@ -207,4 +207,4 @@ def edgespec_cluster(layout: dict, log_dir: Path, timeout_seconds: float = 60) -
     settings = (f"verifier {' '.join(layout.get('verifier_args', []))}; drafter "
                 f"{' '.join(layout.get('drafter_args', []))}; coordinator "
                 f"{' '.join(layout.get('coordinator_args', [])) or '(defaults)'} --http-port 0; {where}")
-    return Server("edgespec", base_url, settings, cluster.stop, [s.process.pid for s in cluster.services])
+    return Server(name, base_url, settings, cluster.stop, [s.process.pid for s in cluster.services])

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.bench_serve import (SYSTEMS, add_comparisons, build_parser, client_args, markdown, merge_results, parse_args,
-                               run_client, spec_bench_subset, summarise_run)
+from bench.bench_serve import (SYSTEMS, add_comparisons, build_parser, client_args, edgespec_layout, markdown,
+                               merge_results, parse_args, run_client, spec_bench_subset, summarise_run)
 from bench.serving import ServerFailed, start_http_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,9 +103,10 @@ def test_the_table_has_a_row_per_run_ordered_by_concurrency_then_system():
               "ignore_eos": False, "client": "0.32.0", "systems": list(SYSTEMS), "servers": {"llama-server": "s"},
               "skipped": {"vllm": "why"}, "command": "edgespec bench serve", "rows": rows}
     table = markdown(report).splitlines()
-    first = [line for line in table if line.startswith("| ") and "| system |" not in line][:10]
+    ran = [s for s in SYSTEMS if any(row["system"] == s for row in rows)]
+    first = [line for line in table if line.startswith("| ") and "| system |" not in line][:2 * len(ran)]
     assert [(line.split(" | ")[0][2:], int(line.split(" | ")[1])) for line in first] == [
-        (s, c) for c in (1, 2) for s in SYSTEMS]
+        (s, c) for c in (1, 2) for s in ran]
     edgespec = next(line for line in first if line.startswith("| edgespec | 1 |"))
     assert edgespec.startswith("| edgespec | 1 | 6.1 | 3.13x | 1.14x | 1577 / 1701 | 69 / 71 |")
     assert "- vllm: skipped, why" in table
@@ -227,3 +228,32 @@ def test_the_client_gets_every_request_through_a_server_that_closes_after_a_stre
     finally:
         server.shutdown()
     assert (result["completed"], result["failed"]) == (4, 0), (tmp_path / "client.log").read_text()[-2000:]
+
+
+def test_the_exact_off_services_differ_from_the_default_ones_in_the_verifiers_exact_flag_only():
+    for placement in ("one-host", "split"):
+        exact, inexact = (edgespec_layout(server, placement, 16) for server in ("edgespec", "edgespec-exact-off"))
+        flags = inexact["verifier_args"]
+        assert flags[flags.index("--exact") + 1] == "off" and flags.count("--exact") == 1
+        assert [f for f in flags if f not in ("--exact", "off")] == \
+            [f for f in exact["verifier_args"] if f not in ("--exact", "on")]
+        assert {k: v for k, v in inexact.items() if k != "verifier_args"} == \
+            {k: v for k, v in exact.items() if k != "verifier_args"}
+        assert flags[flags.index("--max-sequences") + 1] == "16"
+
+
+def test_rows_of_the_exact_off_services_get_their_own_window_0_as_a_baseline():
+    renamed = {"edgespec": "edgespec-exact-off", "edgespec-w0": "edgespec-exact-off-w0"}
+    runs = [run for run in SMOKE["runs"] if run["system"] in ("edgespec", "edgespec-w0", "llama-server")]
+    rows = [summarise_run(run["system"], run["concurrency"], run["result"]) for run in runs]
+    rows += [summarise_run(renamed[run["system"]], run["concurrency"], run["result"])
+             for run in runs if run["system"] in renamed]
+    add_comparisons(rows)
+    inexact, inexact_w0 = row_of(rows, "edgespec-exact-off", 1), row_of(rows, "edgespec-exact-off-w0", 1)
+    assert inexact["vs_edgespec_exact_off_w0"]["output_tok_s"] == \
+        inexact["output_tok_s"] / inexact_w0["output_tok_s"]
+    report = {"date": "d", "machine": "m", "prompts": 2, "categories": "c", "tokens": 16, "ignore_eos": False,
+              "client": "0.32.0", "systems": list(SYSTEMS), "servers": {}, "skipped": {}, "command": "c",
+              "rows": rows}
+    header = next(line for line in markdown(report).splitlines() if line.startswith("| system | C | output"))
+    assert header.endswith("| vs window 0, exact off |")
