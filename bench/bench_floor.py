@@ -129,14 +129,16 @@ def summarise(rows: list[dict], floor: float) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
+    floor = float(result["args"]["floor"])
     lines = [f"# The floor: default vs window 0 through the same services ({result['date']})", "",
              f"Machine: {result['machine']}. {result['layout']}. {result['args']['tokens']} new tokens, greedy, "
              "chat template; each prompt at window 0 and at the default, back to back.", "",
              "| category | prompts | decode rate | end-to-end speed | TTFT | free drafts accepted / sent | identical |",
              "|---|---|---|---|---|---|---|"]
     for row in result["table"]:
-        mark = " (below the floor)" if row["below_floor"] else ""
-        lines.append(f"| {row['category']} | {row['prompts']} | {row['decode']:.2f}x{mark} | {row['e2e']:.2f}x | "
+        decode, e2e = (f"{row[key]:.3f}x (below the floor)" if row[key] < floor else f"{row[key]:.2f}x"
+                       for key in ("decode", "e2e"))
+        lines.append(f"| {row['category']} | {row['prompts']} | {decode} | {e2e} | "
                      f"{row['ttft']:.2f}x | {row['free_accepted']}/{row['free_drafted']} | "
                      f"{row['identical']}/{row['prompts']} |")
     lines += ["", "Ratios are the default's over window 0's (TTFT: the default's time over window 0's, lower is "
