@@ -114,6 +114,9 @@ SYSTEMS = {
 }
 
 
+DEFAULT_SYSTEMS = tuple(name for name in SYSTEMS if not name.startswith("edgespec-exact-off"))
+
+
 class ClientFailed(RuntimeError):
     pass
 
@@ -328,9 +331,9 @@ def machine(cpus: list[int]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgespec bench serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", metavar="LIST", default="all",
+    parser.add_argument("--systems", metavar="LIST", default=",".join(DEFAULT_SYSTEMS),
                         help=f"comma-separated, of {', '.join(SYSTEMS)}; all = every one (vllm only where it starts) "
-                             "(default %(default)s)")
+                             "(default %(default)s: the exact-off services are a second cluster, asked for by name)")
     parser.add_argument("--concurrency", metavar="LIST", default="1,4,16",
                         help="requests in flight at once, one level each (default %(default)s)")
     parser.add_argument("--subset", metavar="N", type=int, default=26,

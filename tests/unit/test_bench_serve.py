@@ -154,7 +154,7 @@ def test_window_0_rides_in_the_request_body_and_ignore_eos_only_when_asked(tmp_p
 
 def test_flags_are_checked():
     assert parse_args(["--concurrency", "16,1,4"]).levels == [1, 4, 16]
-    assert parse_args([]).names == list(SYSTEMS)
+    assert parse_args(["--systems", "all"]).names == list(SYSTEMS)
     for wrong in (["--systems", "llama"], ["--concurrency", "0"], ["--concurrency", "a"], ["--subset", "0"],
                   ["--repeats", "0"]):
         with pytest.raises(SystemExit):
@@ -257,3 +257,10 @@ def test_rows_of_the_exact_off_services_get_their_own_window_0_as_a_baseline():
               "rows": rows}
     header = next(line for line in markdown(report).splitlines() if line.startswith("| system | C | output"))
     assert header.endswith("| vs window 0, exact off |")
+
+
+def test_the_exact_off_services_run_when_asked_for_by_name_or_by_all():
+    assert "edgespec-exact-off" not in parse_args([]).names
+    assert {"edgespec", "edgespec-w0", "llama-server", "llama-server-spec", "vllm"} <= set(parse_args([]).names)
+    assert "edgespec-exact-off-w0" in parse_args(["--systems", "all"]).names
+    assert parse_args(["--systems", "edgespec-exact-off"]).names == ["edgespec-exact-off"]
