@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="c(1),c(2),...: a pass over n tokens in one-token steps, to model another machine's "
                              "verifier instead of measuring this one's (e.g. 1,1.53,1.86,1.67,2.13 as a Sapphire Rapids "
                              "VM measured it); at least two values, c(1) = 1")
+    parser.add_argument("--profile-context", type=int, default=32, metavar="TOKENS",
+                        help="tokens before the measured passes (default %(default)s, as the verifier's profile). Past "
+                             "240 with --exact on and --threads 2 or more, a one-token pass runs on one thread and a "
+                             "window's rows on all: a long prompt's costs (docs/benchmarks.md, \"Free drafts\")")
     parser.add_argument("--exact", default="auto", choices=["auto", "on", "off"],
                         help="llama.cpp exact mode, as the verifier's --exact (default %(default)s)")
     parser.add_argument("--store", type=int, default=32768, metavar="TOKENS",
@@ -141,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--threads must be >= 1")
     if args.store < 0 or args.repeats < 1:
         parser.error("--store must be >= 0 and --repeats >= 1")
+    if not 2 <= args.profile_context <= 1024:
+        parser.error(f"--profile-context must be in 2..1024, got {args.profile_context}")
     try:
         curve = [float(x) for x in args.cost_curve.split(",")] if args.cost_curve else []
     except ValueError:
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [tokenizer.encode(text, True) for _, text in texts]
     exact = llamacpp.exact_settings(args.exact, args.threads, llamacpp.PREFILL_CHUNK)   # as the verifier runs
     lm = llamacpp.load("target", threads=args.threads, exact=exact)
-    profile = {n: seconds for n, seconds in enumerate(curve, 1)} if curve else forward_profile(lm, 9)
+    profile = {n: seconds for n, seconds in enumerate(curve, 1)} if curve else forward_profile(lm, 9, context=args.profile_context)
     eos_ids = frozenset(lm.eos_ids())
     settings = (exact or llamacpp.LlamaExact()).describe()
     lm.close()
