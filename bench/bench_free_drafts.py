@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [tokenizer.encode(text, True) for _, text in texts]
     exact = llamacpp.exact_settings(args.exact, args.threads, llamacpp.PREFILL_CHUNK)   # as the verifier runs
     lm = llamacpp.load("target", threads=args.threads, exact=exact)
-    profile = {n: seconds for n, seconds in enumerate(curve, 1)} if curve else forward_profile(lm, 9, context=args.profile_context)
+    profile = ({n: seconds for n, seconds in enumerate(curve, 1)} if curve
+               else forward_profile(lm, 9, context=args.profile_context))
     eos_ids = frozenset(lm.eos_ids())
     settings = (exact or llamacpp.LlamaExact()).describe()
     lm.close()
