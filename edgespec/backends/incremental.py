@@ -15,6 +15,8 @@ import numpy as np
 
 class IncrementalLM:
     kv_bytes_per_token: int = 0   # backends that know their cache size say so (the verifier's KV budget)
+    far_positions: int = 0        # from this many positions a forward's costs change (its threads): the verifier
+                                  # profiles past it too (0: they don't)
 
     def logits(self, state: Any, seq: Sequence[int]) -> Any:
         """Rows of logits [m, vocab] after each newly fed token of ``seq`` (an array or a tensor)."""

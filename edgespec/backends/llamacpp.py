@@ -271,6 +271,13 @@ class LlamaCppLM(IncrementalLM):
     def placement(self) -> str:
         return f"cpu llama.cpp GGUF ({self.threads} threads)"
 
+    @property
+    def far_positions(self) -> int:
+        """ONE_CHUNK_POSITIONS where a one-token decode past them runs on fewer threads than a window's rows do
+        (exact mode, a stream a session: _decode), so that it costs more there and a window less against it."""
+        one = self.exact.single_threads
+        return ONE_CHUNK_POSITIONS if one and not self.exact.unified and one < self.threads else 0
+
     def _kv_bytes_per_token(self) -> int:
         """f16 keys and values: layers x 2 x kv heads x head dim x 2 bytes (from the GGUF metadata)."""
         llama = self._lib

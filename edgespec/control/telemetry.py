@@ -112,6 +112,13 @@ class Telemetry:
     forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
     profile: dict[int, float] = field(default_factory=dict)   # tokens fed -> forward seconds, the verifier's own
                                                                # measurement at its start (Info.forward_seconds)
+    # Where a verifier's costs change with the session's length (Info.far_positions: llama.cpp's exact mode runs
+    # a one-token decode on one thread from there, a window's rows on all), the three cost curves above hold the
+    # costs where the session is; `other_side` keeps the other side's (profile, verify_compute, forward_curve) until
+    # the session crosses (at_position). 0: one set of costs.
+    far_positions: int = 0
+    far: bool = False                                          # the curves above are those past far_positions
+    other_side: tuple[dict, dict, dict] = field(default_factory=lambda: ({}, {}, {}))
     sibling_chances: int = 0                                   # tree rounds whose chain stopped where a runner-up stood
     sibling_hits: int = 0                                      # ... and the target took the runner-up
 
@@ -181,7 +188,29 @@ class Telemetry:
         self.batch_windows, self.forward_curve = other.batch_windows, dict(other.forward_curve)
         self.drafter_shares_cpus, self.verifier_wait = other.drafter_shares_cpus, other.verifier_wait
         self.profile = dict(other.profile)
+        self.far_positions, self.far = other.far_positions, other.far
+        self.other_side = tuple(dict(curve) for curve in other.other_side)
         self.queue_last, self.queue_ema, self.tpot = other.queue_last, other.queue_ema, other.tpot
+
+    def take_profiles(self, near: dict[int, float], far: dict[int, float], far_positions: int) -> None:
+        """A verifier's profiles (its Info): ``near`` measured over a short context, ``far`` past ``far_positions``
+        ({} and 0 where its costs do not change with the length)."""
+        self.far_positions = far_positions if far else 0
+        mine, others = (far, near) if self.far else (near, far)
+        self.profile = dict(mine)
+        self.other_side = (dict(others), *self.other_side[1:])
+
+    def at_position(self, position: int) -> None:
+        """The session holds ``position`` tokens: past far_positions the windows are costed by the far costs (the
+        far profile, windows measured there), before it by the near ones. Without the switch, a one-token pass
+        measured past it (1.8 times dearer here: one thread) scaled the near profile, which priced every window
+        1.8 times dearer too, where a window of 3 rows costs the same on both sides (measured: 1.34 one-token
+        passes past 240 positions against 2.47 before, default target, 2 threads)."""
+        far = 0 < self.far_positions <= position
+        if far != self.far:
+            here = (self.profile, self.verify_compute, self.forward_curve)
+            self.profile, self.verify_compute, self.forward_curve = self.other_side
+            self.other_side, self.far = here, far
 
     def start_from(self, coordinator: "Telemetry") -> None:
         """A new session's telemetry: the coordinator's costs (inherit_costs) and, as the prior of its per-position

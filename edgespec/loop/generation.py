@@ -469,8 +469,10 @@ class Generations:
         if self._info is None:
             self._info = info
             # its forward time by tokens fed, measured at its start: the cost of windows not sent yet
-            profile = getattr(info, "forward_seconds", ())
-            self.costs.profile = {n + 1: seconds for n, seconds in enumerate(profile)}
+            near, far = getattr(info, "forward_seconds", ()), getattr(info, "far_forward_seconds", ())
+            self.costs.take_profiles({n + 1: seconds for n, seconds in enumerate(near)},
+                                     {n + 1: seconds for n, seconds in enumerate(far)},
+                                     getattr(info, "far_positions", 0))
             self.verifier_placement(info)
 
     async def _settle(self, checked: _Checked) -> SpeculationConfig:

@@ -123,6 +123,7 @@ class Rounds:
         self.tree_depth = config.tree_depth if hasattr(drafter, "draft_tree") else 0
         self.cloud_draft = config.cloud_draft         # "on" every round, "fallback" while the drafter is down
         self.telemetry = telemetry or Telemetry()   # per-round measurements; policies may read it (goodput, AWC)
+        self.telemetry.at_position(session.position)
         self.metrics = metrics                      # where committed rounds are counted; None = nowhere
         self.fingerprint = params.fingerprint()
         self.drafter_synced = session.position   # the drafter's first drafter_synced tokens are committed ones
@@ -315,6 +316,7 @@ class Rounds:
                 self.undrafted += len(tokens)
             session.stats.record(sample)
             self.telemetry.record(sample)
+            self.telemetry.at_position(session.position)   # the next window's costs: those where it starts
             if self.metrics is not None:
                 self.metrics.round(sample)
             if free is not None:   # the drafter and its window policy learn from their own windows only

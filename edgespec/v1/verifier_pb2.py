@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from edgespec.v1 import common_pb2 as edgespec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x64gespec/v1/verifier.proto\x12\x0b\x65\x64gespec.v1\x1a\x18\x65\x64gespec/v1/common.proto\"\r\n\x0bInfoRequest\"\x8c\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x12\n\nmax_window\x18\x04 \x01(\x05\x12\x1a\n\x12max_session_tokens\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x17\n\x0f\x66orward_seconds\x18\x08 \x03(\x01\x12)\n\tplacement\x18\t \x01(\x0b\x32\x16.edgespec.v1.Placement\x12/\n\x0c\x63\x61pabilities\x18\n \x01(\x0b\x32\x19.edgespec.v1.Capabilities\"g\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.edgespec.v1.SamplingParams\"J\n\x13OpenSessionResponse\x12\x1a\n\x12\x63ommitted_position\x18\x01 \x01(\x05\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\"\x86\x03\n\x06Window\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nwindow_seq\x18\x02 \x01(\x03\x12\x15\n\rbase_position\x18\x03 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x1a\n\x12params_fingerprint\x18\x05 \x01(\x04\x12\x34\n\x0b\x64raft_probs\x18\x06 \x03(\x0b\x32\x1f.edgespec.v1.SparseDistribution\x12\x12\n\noptimistic\x18\x07 \x01(\x08\x12\x14\n\x0cparent_token\x18\x08 \x01(\x05\x12<\n\rtrace_context\x18\t \x03(\x0b\x32%.edgespec.v1.Window.TraceContextEntry\x12\x15\n\rdraft_parents\x18\n \x03(\x05\x12\x12\n\nself_draft\x18\x0b \x01(\x05\x12\r\n\x05steps\x18\x0c \x01(\x05\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x03\n\x07Verdict\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nwindow_seq\x18\x02 \x01(\x03\x12\x15\n\rbase_position\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x05\x12\x12\n\nnext_token\x18\x05 \x01(\x05\x12\x1a\n\x12\x63ommitted_position\x18\x06 \x01(\x05\x12\x1e\n\x16verify_compute_seconds\x18\x07 \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x08 \x01(\x05\x12\x11\n\tdiscarded\x18\t \x01(\x08\x12\x16\n\x0etarget_logprob\x18\n \x01(\x01\x12\x15\n\rbatch_windows\x18\x0b \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\x0c \x01(\x05\x12\x16\n\x0e\x61\x63\x63\x65pted_nodes\x18\r \x03(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x0e \x03(\x05\x12\x14\n\x0cself_drafted\x18\x0f \x01(\x05\x12+\n\x08logprobs\x18\x10 \x03(\x0b\x32\x19.edgespec.v1.TokenLogprob\x12\x18\n\x10verifier_seconds\x18\x11 \x01(\x01\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse2\xad\x02\n\x08Verifier\x12;\n\x04Info\x12\x18.edgespec.v1.InfoRequest\x1a\x19.edgespec.v1.InfoResponse\x12P\n\x0bOpenSession\x12\x1f.edgespec.v1.OpenSessionRequest\x1a .edgespec.v1.OpenSessionResponse\x12=\n\x0cVerifyStream\x12\x13.edgespec.v1.Window\x1a\x14.edgespec.v1.Verdict(\x01\x30\x01\x12S\n\x0c\x43loseSession\x12 .edgespec.v1.CloseSessionRequest\x1a!.edgespec.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x64gespec/v1/verifier.proto\x12\x0b\x65\x64gespec.v1\x1a\x18\x65\x64gespec/v1/common.proto\"\r\n\x0bInfoRequest\"\xc0\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x12\n\nmax_window\x18\x04 \x01(\x05\x12\x1a\n\x12max_session_tokens\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x17\n\x0f\x66orward_seconds\x18\x08 \x03(\x01\x12)\n\tplacement\x18\t \x01(\x0b\x32\x16.edgespec.v1.Placement\x12/\n\x0c\x63\x61pabilities\x18\n \x01(\x0b\x32\x19.edgespec.v1.Capabilities\x12\x15\n\rfar_positions\x18\x0b \x01(\x05\x12\x1b\n\x13\x66\x61r_forward_seconds\x18\x0c \x03(\x01\"g\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.edgespec.v1.SamplingParams\"J\n\x13OpenSessionResponse\x12\x1a\n\x12\x63ommitted_position\x18\x01 \x01(\x05\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\"\x86\x03\n\x06Window\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nwindow_seq\x18\x02 \x01(\x03\x12\x15\n\rbase_position\x18\x03 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x1a\n\x12params_fingerprint\x18\x05 \x01(\x04\x12\x34\n\x0b\x64raft_probs\x18\x06 \x03(\x0b\x32\x1f.edgespec.v1.SparseDistribution\x12\x12\n\noptimistic\x18\x07 \x01(\x08\x12\x14\n\x0cparent_token\x18\x08 \x01(\x05\x12<\n\rtrace_context\x18\t \x03(\x0b\x32%.edgespec.v1.Window.TraceContextEntry\x12\x15\n\rdraft_parents\x18\n \x03(\x05\x12\x12\n\nself_draft\x18\x0b \x01(\x05\x12\r\n\x05steps\x18\x0c \x01(\x05\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x03\n\x07Verdict\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nwindow_seq\x18\x02 \x01(\x03\x12\x15\n\rbase_position\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x05\x12\x12\n\nnext_token\x18\x05 \x01(\x05\x12\x1a\n\x12\x63ommitted_position\x18\x06 \x01(\x05\x12\x1e\n\x16verify_compute_seconds\x18\x07 \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x08 \x01(\x05\x12\x11\n\tdiscarded\x18\t \x01(\x08\x12\x16\n\x0etarget_logprob\x18\n \x01(\x01\x12\x15\n\rbatch_windows\x18\x0b \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\x0c \x01(\x05\x12\x16\n\x0e\x61\x63\x63\x65pted_nodes\x18\r \x03(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x0e \x03(\x05\x12\x14\n\x0cself_drafted\x18\x0f \x01(\x05\x12+\n\x08logprobs\x18\x10 \x03(\x0b\x32\x19.edgespec.v1.TokenLogprob\x12\x18\n\x10verifier_seconds\x18\x11 \x01(\x01\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse2\xad\x02\n\x08Verifier\x12;\n\x04Info\x12\x18.edgespec.v1.InfoRequest\x1a\x19.edgespec.v1.InfoResponse\x12P\n\x0bOpenSession\x12\x1f.edgespec.v1.OpenSessionRequest\x1a .edgespec.v1.OpenSessionResponse\x12=\n\x0cVerifyStream\x12\x13.edgespec.v1.Window\x1a\x14.edgespec.v1.Verdict(\x01\x30\x01\x12S\n\x0c\x43loseSession\x12 .edgespec.v1.CloseSessionRequest\x1a!.edgespec.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,21 +37,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=69
   _globals['_INFOREQUEST']._serialized_end=82
   _globals['_INFORESPONSE']._serialized_start=85
-  _globals['_INFORESPONSE']._serialized_end=353
-  _globals['_OPENSESSIONREQUEST']._serialized_start=355
-  _globals['_OPENSESSIONREQUEST']._serialized_end=458
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=460
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=534
-  _globals['_WINDOW']._serialized_start=537
-  _globals['_WINDOW']._serialized_end=927
-  _globals['_WINDOW_TRACECONTEXTENTRY']._serialized_start=876
-  _globals['_WINDOW_TRACECONTEXTENTRY']._serialized_end=927
-  _globals['_VERDICT']._serialized_start=930
-  _globals['_VERDICT']._serialized_end=1350
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1352
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1393
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1395
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1417
-  _globals['_VERIFIER']._serialized_start=1420
-  _globals['_VERIFIER']._serialized_end=1721
+  _globals['_INFORESPONSE']._serialized_end=405
+  _globals['_OPENSESSIONREQUEST']._serialized_start=407
+  _globals['_OPENSESSIONREQUEST']._serialized_end=510
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=512
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=586
+  _globals['_WINDOW']._serialized_start=589
+  _globals['_WINDOW']._serialized_end=979
+  _globals['_WINDOW_TRACECONTEXTENTRY']._serialized_start=928
+  _globals['_WINDOW_TRACECONTEXTENTRY']._serialized_end=979
+  _globals['_VERDICT']._serialized_start=982
+  _globals['_VERDICT']._serialized_end=1402
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1404
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1445
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1447
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1469
+  _globals['_VERIFIER']._serialized_start=1472
+  _globals['_VERIFIER']._serialized_end=1773
 # @@protoc_insertion_point(module_scope)

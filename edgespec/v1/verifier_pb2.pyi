@@ -12,7 +12,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_window", "max_session_tokens", "device", "dtype", "forward_seconds", "placement", "capabilities")
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_window", "max_session_tokens", "device", "dtype", "forward_seconds", "placement", "capabilities", "far_positions", "far_forward_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class InfoResponse(_message.Message):
     FORWARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    FAR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    FAR_FORWARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -33,7 +35,9 @@ class InfoResponse(_message.Message):
     forward_seconds: _containers.RepeatedScalarFieldContainer[float]
     placement: _common_pb2.Placement
     capabilities: _common_pb2.Capabilities
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_window: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., forward_seconds: _Optional[_Iterable[float]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., capabilities: _Optional[_Union[_common_pb2.Capabilities, _Mapping]] = ...) -> None: ...
+    far_positions: int
+    far_forward_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_window: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., forward_seconds: _Optional[_Iterable[float]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., capabilities: _Optional[_Union[_common_pb2.Capabilities, _Mapping]] = ..., far_positions: _Optional[int] = ..., far_forward_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "sampling")

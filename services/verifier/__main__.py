@@ -26,6 +26,7 @@ log = logging.getLogger("edgespec.verifier")
 
 MB = 1 << 20
 MAX_PREFILL_CHUNK = 2048      # llama.cpp's batch (n_batch): one part is one llama_decode
+FAR_PROFILE_PAST = 32         # the far profile's forwards start this many positions past the target's far_positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,18 +263,26 @@ async def main(config: VerifierConfig) -> None:
     else:
         engine = VerifierEngine(target, eos, fitted_limits(config.limits, target), self_draft=config.self_draft)
         profiler = forward_profile
-    profile = {}
+    profile, far_profile, far = {}, {}, getattr(target, "far_positions", 0)   # vLLM's: none
+    if far + FAR_PROFILE_PAST + config.profile_window + 1 > engine.limits.max_session_tokens:
+        far = 0   # no session gets that far
     if config.profile_window:
         started = time.perf_counter()
         profile, _ = await worker.call(profiler, target, config.profile_window + 1, 32, 1)
         log.info("forward cost by tokens fed (measured in %.1fs): %s", time.perf_counter() - started,
                  describe(profile))
+        if far:   # the forwards a long session runs: a context past far, its one-token decodes on other threads
+            started = time.perf_counter()
+            far_profile, _ = await worker.call(profiler, target, config.profile_window + 1, far + FAR_PROFILE_PAST, 1)
+            log.info("... past %d positions (measured in %.1fs): %s", far, time.perf_counter() - started,
+                     describe(far_profile))
     scheduler = VerifyScheduler(engine, worker, config.batch)
     owners = SessionOwners.for_security(service.security)   # the servicer claims and releases, the Guard checks
     servicer = VerifierServicer(engine, worker, scheduler, target.name, str(target.device),
                                 "gguf" if config.backend == "llamacpp" else str(target.dtype).removeprefix("torch."),
                                 owners, metrics,
-                                [profile[n] for n in sorted(profile)])
+                                [profile[n] for n in sorted(profile)], far if far_profile else 0,
+                                [far_profile[n] for n in sorted(far_profile)])
     credentials, interceptors = server_parts(service.security, owners)
     server, port, health = rpc.create_server(service.host, service.port, register(servicer),
                                              service.security.max_message_bytes, credentials, interceptors)

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, engine: VerifierEngine, worker: ModelWorker, scheduler: VerifyScheduler, model: str,
                  device: str, dtype: str, owners: SessionOwners, metrics: VerifierMetrics | None = None,
-                 forward_seconds: Sequence[float] = ()):
+                 forward_seconds: Sequence[float] = (), far_positions: int = 0,
+                 far_forward_seconds: Sequence[float] = ()):
         self.engine = engine
         self.worker = worker
         self.scheduler = scheduler
@@ -45,7 +46,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.info = pb.InfoResponse(model=model, vocab_size=engine.target.vocab_size,
                                     eos_token_ids=sorted(engine.eos_ids), max_window=engine.limits.max_window,
                                     max_session_tokens=engine.limits.max_session_tokens, device=device, dtype=dtype,
-                                    forward_seconds=forward_seconds, placement=placement.here(),
+                                    forward_seconds=forward_seconds, far_positions=far_positions,
+                                    far_forward_seconds=far_forward_seconds, placement=placement.here(),
                                     capabilities=capabilities_to_pb(engine.capabilities()))
 
     async def Info(self, request, context):

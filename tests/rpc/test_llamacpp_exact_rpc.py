@@ -7,11 +7,14 @@ import json
 import subprocess
 import sys
 
+import grpc
 import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/install.sh")
 
 from harness.cluster import REPO_ROOT, LocalCluster  # noqa: E402
+from edgespec.backends import llamacpp  # noqa: E402
+from edgespec.v1 import verifier_pb2 as pb, verifier_pb2_grpc  # noqa: E402
 from bench.llama_exactness import many  # noqa: E402
 from bench.llama_invariance import SETTINGS, run_setting  # noqa: E402
 from tests.streams import generated  # noqa: E402
@@ -47,6 +50,11 @@ print(json.dumps(out))
 """
 
 
+async def verifier_info(address: str):
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await verifier_pb2_grpc.VerifierStub(channel).Info(pb.InfoRequest(), timeout=30)
+
+
 @pytest.fixture(scope="module")
 def references():
     """One session alone, its own context, prompt in one llama_decode (in ubatches of 64) then a token per decode:
@@ -72,6 +80,9 @@ def test_greedy_on_llamacpp_exact_mode_equals_llamacpp_target_only(tmp_path, ref
                       coordinator_args=["--tokenizer", "smollm2"]) as cluster:
         log = cluster.verifier.log_path.read_text()
         assert "-t 1 -tb 2 -fa on -ub 64" in log
+        info = asyncio.run(verifier_info(cluster.verifier.address))   # windows past 240 positions costed apart
+        assert info.far_positions == llamacpp.ONE_CHUNK_POSITIONS and f"past {info.far_positions} positions" in log
+        assert len(info.far_forward_seconds) == len(info.forward_seconds) > 1 and min(info.far_forward_seconds) > 0
         for window in (0, 4, -1):
             for prompt, expected in zip(PROMPTS, references):
                 tokens, stats = generated(cluster.coordinator.address, prompt, MAX_NEW, window, chat=True,

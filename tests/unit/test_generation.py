@@ -150,3 +150,17 @@ def test_the_verifiers_forward_profile_becomes_the_coordinators_cost_of_untried_
     collect(gen, GenerationRequest(PROMPT, 8, window=0))       # target-only rounds: window 0 measured only
     assert gen.costs.profile == {1: 0.01, 2: 0.03, 3: 0.05, 4: 0.02}
     assert gen.costs.verify_estimate(3) < gen.costs.verify_estimate(2)   # the profile's shape, not a straight line
+
+
+def test_a_verifiers_far_profile_costs_the_windows_of_sessions_past_its_far_positions():
+    class Profiled(Endpoint):
+        async def info(self):
+            return SimpleNamespace(**vars(await super().info()), forward_seconds=[0.01, 0.03, 0.05],
+                                   far_positions=len(PROMPT) + 4, far_forward_seconds=[0.02, 0.021, 0.03])
+
+    gen, _ = generations()
+    endpoint = Profiled(VerifierEngine(tiny(TARGET), [TINY_EOS]))
+    gen.verifier = FailoverVerifier(VerifierPool([endpoint.address]), {endpoint.address: endpoint}, 5)
+    collect(gen, GenerationRequest(PROMPT, 8, window=0))       # crosses far_positions half-way
+    assert gen.costs.far and gen.costs.profile == {1: 0.02, 2: 0.021, 3: 0.03}
+    assert gen.costs.other_side[0] == {1: 0.01, 2: 0.03, 3: 0.05} and gen.costs.other_side[1]   # near: measured too

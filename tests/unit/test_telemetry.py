@@ -259,3 +259,38 @@ def test_positions_never_judged_take_the_deepest_judged_acceptance_not_the_prior
     session = Telemetry()
     session.start_from(t)
     assert session.known_depth == 3 and session._alphas(4)[:4] == [0.9, 0.3, 0.3, 0.3]
+
+
+# the default target in exact mode on 2 threads (docs/benchmarks.md, "Free drafts"): a one-token pass and the
+# passes over 2 and 3 tokens after 32 positions, and after 300, where a one-token decode runs on one thread
+NEAR = {1: 0.089, 2: 1.83 * 0.089, 3: 2.47 * 0.089}
+FAR = {1: 0.163, 2: 0.96 * 0.163, 3: 1.34 * 0.163}
+
+
+def test_past_far_positions_windows_are_costed_by_the_far_profile_and_what_was_measured_there():
+    t = Telemetry(max_k=2, alpha=[0.6, 0.6])
+    t.take_profiles(NEAR, FAR, 240)
+    t.draft_per_token = 0.0                           # free drafts
+    t.at_position(100)
+    t.record(sample(k=0, n=0, wall=0.089, compute=0.089, batch_tokens=1))
+    assert t.goodput_window(optimistic=True) == 0     # 1.6 tokens for 1.83 passes: drafting cannot pay
+    t.at_position(300)
+    assert t.far and t.profile == FAR and t.verify_compute == {}   # nothing measured past 240 yet
+    t.record(sample(k=0, n=0, wall=0.163, compute=0.163, batch_tokens=1))
+    assert t.verify_estimate(1) == pytest.approx(FAR[2]) and t.goodput_window(optimistic=True) == 1   # 1.6 for 0.96
+    later = Telemetry()
+    later.start_from(t)                               # a new session, its prompt short: the near costs again
+    later.at_position(50)
+    assert not later.far and later.profile == NEAR and later.verify_compute == {0: pytest.approx(0.089)}
+    later.at_position(260)
+    assert later.verify_compute == {0: pytest.approx(0.163)}
+
+
+def test_without_a_far_profile_the_one_token_cost_measured_past_it_scales_every_window():
+    t = Telemetry(max_k=2, alpha=[0.6, 0.6])
+    t.take_profiles(NEAR, {}, 240)                    # a verifier whose costs do not change with the length
+    assert t.far_positions == 0
+    t.at_position(300)
+    t.record(sample(k=0, n=0, wall=0.163, compute=0.163, batch_tokens=1))
+    assert not t.far and t.verify_estimate(2) == pytest.approx(NEAR[3] * 0.163 / 0.089)
+    assert t.goodput_window(optimistic=True) == 0
