@@ -2,7 +2,8 @@
 alone, prompt by prompt, per category.
 
 The demo's cluster (llama.cpp verifier, drafter and coordinator on loopback; edge and cloud on separate CPUs
-where there are two or more) serves Spec-Bench first turns (``--per-category`` of each of its 13 categories,
+where there are two or more; ``--layout one-host``: the verifier on every CPU in exact mode, the drafter on one
+thread beside it, as `edgespec bench serve` places them) serves Spec-Bench first turns (``--per-category`` of each of its 13 categories,
 shipped in data/), three of our code edits and the demo's two prompts. Each prompt runs at window 0 (target-only through the services)
 and with the default adaptive window (free drafts, then the window policy), one right after the other and in
 alternating order, so that both see the same machine. Reported per category: TTFT, the decode rate after the
@@ -54,8 +55,8 @@ ENGINE = """
 import json, sys, time
 import numpy as np
 from edgespec.backends import llamacpp
-threads = int(sys.argv[1])
-exact = llamacpp.exact_settings("auto", threads, llamacpp.PREFILL_CHUNK)   # the verifier's settings
+threads, mode = int(sys.argv[1]), sys.argv[2]
+exact = llamacpp.exact_settings(mode, threads, llamacpp.PREFILL_CHUNK)   # the verifier's settings
 lm = llamacpp.load("target", threads=threads, max_sequences=2, exact=exact)
 eos = set(lm.eos_ids())
 print(json.dumps({"settings": lm.exact.describe()}), flush=True)
@@ -82,8 +83,8 @@ class Engine:
     """llama.cpp target-only greedy in a process of its own, pinned to ``cpus``: one prompt's tokens in, the
     generated tokens and their times out (a JSON line each way)."""
 
-    def __init__(self, threads: int, cpus: str | None):
-        command = [sys.executable, "-c", ENGINE, str(threads)]
+    def __init__(self, threads: int, exact: str, cpus: str | None):
+        command = [sys.executable, "-c", ENGINE, str(threads), exact]
         if cpus:
             command = ["taskset", "-c", cpus, *command]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -160,21 +161,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", choices=["on", "off"], default="on",
                         help="also run llama.cpp target-only alone on the verifier's CPUs, before each prompt's pair, "
                              "and compare window 0 with it (default %(default)s)")
+    parser.add_argument("--layout", choices=["split", "one-host"], default="split",
+                        help="the services on the CPUs: split = the demo's edge and cloud halves; one-host = the "
+                             "verifier on every CPU (--exact on), the drafter on one thread beside it "
+                             "(default %(default)s)")
     args = parser.parse_args(argv)
     check_prompt_args(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     texts = bench_prompts(args.prompts_file, args.per_category)
-    layout = cluster_layout("llamacpp", "auto")
-    threads = int(layout["verifier_args"][layout["verifier_args"].index("--threads") + 1]) \
-        if "--threads" in layout.get("verifier_args", []) else len(os.sched_getaffinity(0))
+    layout = cluster_layout("llamacpp", "auto", one_host=args.layout == "one-host")
+    flags = layout.get("verifier_args", [])
+    flag = lambda name, default: flags[flags.index(name) + 1] if name in flags else default   # noqa: E731
+    threads, exact = int(flag("--threads", len(os.sched_getaffinity(0)))), flag("--exact", "auto")
     engine, encode = None, None
     if args.engine == "on":
         from edgespec.backends.assets import resolve_spec
         from edgespec.backends.tokenizer import load_tokenizer
         from services.coordinator.chat_template import ChatTemplateTokenizer
         encode = ChatTemplateTokenizer(load_tokenizer(resolve_spec("target"))).encode
-        engine = Engine(threads, layout.get("verifier_cpus"))
+        engine = Engine(threads, exact, layout.get("verifier_cpus"))
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="edgespec-floor-") as logs, \
@@ -204,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     where = (f"verifier on CPU {layout['verifier_cpus']}, drafter and coordinator on CPU {layout['edge_cpus']}"
              if "verifier_cpus" in layout else "all services on the same CPUs")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-              f"{len(os.sched_getaffinity(0))} CPUs", "layout": f"llama.cpp services, {where}",
+              f"{len(os.sched_getaffinity(0))} CPUs", "layout": f"llama.cpp services, {where} (verifier {' '.join(flags)})",
               "engine": f"llama.cpp in process, {threads} thread(s), {engine.settings}" if engine else None,
               "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "table": summarise(rows, args.floor),
               "command": "edgespec bench floor " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -1,5 +1,7 @@
 """`edgespec bench floor`'s table: a ratio below --floor is marked where it fell, with the digit that shows it."""
-from bench.bench_floor import markdown, summarise
+import pytest
+
+from bench.bench_floor import main, markdown, summarise
 
 
 def prompt(category: str, decode: float, e2e: float) -> dict:
@@ -18,3 +20,9 @@ def test_a_ratio_below_the_floor_is_marked_in_its_own_column():
     assert "| summarization | 1 | 1.06x | 0.978x (below the floor) |" in text
     assert "| qa | 1 | 0.964x (below the floor) | 1.01x |" in text
     assert "| math | 1 | 0.98x | 0.99x |" in text
+
+
+def test_an_unknown_layout_is_refused_before_anything_starts(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["--layout", "everywhere"])
+    assert refused.value.code == 2 and "--layout" in capsys.readouterr().err
