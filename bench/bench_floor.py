@@ -3,12 +3,13 @@ alone, prompt by prompt, per category.
 
 The demo's cluster (llama.cpp verifier, drafter and coordinator on loopback; edge and cloud on separate CPUs
 where there are two or more; ``--layout one-host``: the verifier on every CPU in exact mode, the drafter on one
-thread beside it, as `edgespec bench serve` places them) serves Spec-Bench first turns (``--per-category`` of each of its 13 categories,
-shipped in data/), three of our code edits and the demo's two prompts. Each prompt runs at window 0 (target-only through the services)
-and with the default adaptive window (free drafts, then the window policy), one right after the other and in
-alternating order, so that both see the same machine. Reported per category: TTFT, the decode rate after the
-first token and end-to-end time as ratios to window 0 (geometric means), free drafts accepted / sent, and
-whether the outputs are identical. A row below ``--floor`` is marked.
+thread beside it, as `edgespec bench serve` places them) serves Spec-Bench first turns (``--per-category`` of
+each of its 13 categories, shipped in data/), three of our code edits and the demo's two prompts. Each prompt
+runs at window 0 (target-only through the services) and with the default adaptive window (free drafts, then
+the window policy), one right after the other and in alternating order, so that both see the same machine.
+Reported per category: TTFT, the decode rate after the first token and end-to-end time as ratios to window 0
+(geometric means), free drafts accepted / sent, and whether the outputs are identical. A row below ``--floor``
+is marked.
 
 The engine alone (``--engine``, on by default) is what a user runs instead: llama.cpp target-only greedy in a process
 of its own, on the verifier's CPUs with its threads and settings (the same GGUF, the same chat-templated prompt
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     where = (f"verifier on CPU {layout['verifier_cpus']}, drafter and coordinator on CPU {layout['edge_cpus']}"
              if "verifier_cpus" in layout else "all services on the same CPUs")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-              f"{len(os.sched_getaffinity(0))} CPUs", "layout": f"llama.cpp services, {where} (verifier {' '.join(flags)})",
+              f"{len(os.sched_getaffinity(0))} CPUs",
+              "layout": f"llama.cpp services, {where} (verifier {' '.join(flags)})",
               "engine": f"llama.cpp in process, {threads} thread(s), {engine.settings}" if engine else None,
               "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "table": summarise(rows, args.floor),
               "command": "edgespec bench floor " + " ".join(argv if argv is not None else sys.argv[1:])}
