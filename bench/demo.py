@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import subprocess
 import sys
@@ -55,9 +56,8 @@ async def stream(address: str, prompt: str, max_new_tokens: int, window: int, ec
     def show(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
-    run = await collect(address, prompt, max_new_tokens, window, show if echo else None, chat=True,
-                        timeout_seconds=1800)
-    return run.tokens, run.stats
+    return await collect(address, prompt, max_new_tokens, window, show if echo else None, chat=True,
+                         timeout_seconds=1800)
 
 
 def cluster_layout(backend: str, quantize: str, one_host: bool = False) -> dict:
@@ -123,8 +123,9 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> None:
     print(f"   verifier {cluster.verifier.address}  drafter {cluster.drafter.address}  "
           f"coordinator {cluster.coordinator.address}", flush=True)
     if cluster.verifier_cpus:
-        print(f"   {args.backend}: verifier on CPU {cluster.verifier_cpus}, drafter and coordinator on CPU "
-              f"{cluster.edge_cpus} (edge and cloud)", flush=True)
+        print(f"   {args.backend}: verifier on CPU {cluster.verifier_cpus}, drafter, coordinator and this client on "
+              f"CPU {cluster.edge_cpus} (edge and cloud)", flush=True)
+        os.sched_setaffinity(0, {int(cpu) for cpu in cluster.edge_cpus.split(",")})   # the user is at the edge
     asyncio.run(stream(cluster.coordinator.address, "warm up", 4, args.window, echo=False))
     for prompt in args.prompt or [GROUNDED_PROMPT, OPEN_PROMPT]:
         show(cluster.coordinator.address, prompt, args)
@@ -132,25 +133,38 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> None:
 
 def show(address: str, prompt: str, args: argparse.Namespace) -> None:
     """One prompt: the speculative generation streamed, then (unless --no-compare) target-only on the same
-    verifier, the ratio and why."""
+    verifier, the ratio and why. The ratio is of the decode rates after the first token, which is what
+    speculation changes; the time to the first token (the prompt's prefill, the same work in both runs) is
+    shown apart, and the end-to-end ratio beside it."""
     print(f"== edgespec, window {'auto' if args.window < 0 else args.window}: {prompt.strip()}\n", flush=True)
-    tokens, s = asyncio.run(stream(address, prompt, args.max_new_tokens, args.window, True))
+    run = asyncio.run(stream(address, prompt, args.max_new_tokens, args.window, True))
+    s = run.stats
     print("\n")
-    print(f"edgespec:     {s.new_tokens} tokens in {s.seconds:.2f}s = {s.tokens_per_second:.2f} tok/s | "
-          f"{s.rounds} target passes, {s.new_tokens / max(1, s.rounds):.2f} tokens each | finish {s.finish_reason}")
+    print(f"edgespec:     {speed(run)} | {s.rounds} target passes, {s.new_tokens / max(1, s.rounds):.2f} tokens "
+          f"each | finish {s.finish_reason}")
     print(f"  why: {why(s)}")
     if args.no_compare:
         return
     print("== the same prompt, target-only (window 0: one target step per token on the same verifier)", flush=True)
-    base_tokens, b = asyncio.run(stream(address, prompt, args.max_new_tokens, 0, False))
-    ratio = s.tokens_per_second / b.tokens_per_second
-    print(f"target-only:  {b.new_tokens} tokens in {b.seconds:.2f}s = {b.tokens_per_second:.2f} tok/s")
+    base = asyncio.run(stream(address, prompt, args.max_new_tokens, 0, False))
+    print(f"target-only:  {speed(base)}")
+    ratio = run.decode_tps / base.decode_tps
+    if math.isnan(ratio):   # one chunk each: nothing decoded after the first token
+        print(f"{base.seconds / run.seconds:.2f}x end to end; output identical to target-only: "
+              f"{'yes' if run.tokens == base.tokens else 'NO'}\n", flush=True)
+        return
     floor = "" if ratio >= FLOOR else f" (below the {FLOOR}x floor: " + (
         "speculation cost more than it saved here)" if s.drafted_tokens else
-        "nothing was drafted, so both ran the same target-only passes: the service path's cost per round, or "
-        "this machine's noise between the two runs)")
-    print(f"speedup {ratio:.2f}x{floor}, output identical to target-only: "
-          f"{'yes' if tokens == base_tokens else 'NO'}\n", flush=True)
+        f"nothing was drafted, so both ran the same {s.rounds} target-only passes through the same services: "
+        "the gap is this machine's noise between two runs of the same work)")
+    print(f"speedup {ratio:.2f}x in decode rate{floor}, {base.seconds / run.seconds:.2f}x end to end; output "
+          f"identical to target-only: {'yes' if run.tokens == base.tokens else 'NO'}\n", flush=True)
+
+
+def speed(run) -> str:
+    """A generation's speed in one line: the first token's wait, then the decode rate after it."""
+    return (f"{len(run.tokens)} tokens in {run.seconds:.2f}s: first after {run.ttft:.2f}s (prefill), then "
+            f"{run.decode_tps:.2f} tok/s")
 
 
 def why(s) -> str:
