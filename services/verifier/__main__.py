@@ -26,6 +26,8 @@ log = logging.getLogger("edgespec.verifier")
 
 MB = 1 << 20
 MAX_PREFILL_CHUNK = 2048      # llama.cpp's batch (n_batch): one part is one llama_decode
+PROFILE_REPEATS = 2           # each size's cost is the fastest of this many forwards: with one, two starts on the same
+                              # machine read c(3) as 2.11x and 2.47x, which turns free drafts on or off
 FAR_PROFILE_PAST = 32         # the far profile's forwards start this many positions past the target's far_positions
 
 
@@ -268,12 +270,13 @@ async def main(config: VerifierConfig) -> None:
         far = 0   # no session gets that far
     if config.profile_window:
         started = time.perf_counter()
-        profile, _ = await worker.call(profiler, target, config.profile_window + 1, 32, 1)
+        profile, _ = await worker.call(profiler, target, config.profile_window + 1, 32, PROFILE_REPEATS)
         log.info("forward cost by tokens fed (measured in %.1fs): %s", time.perf_counter() - started,
                  describe(profile))
         if far:   # the forwards a long session runs: a context past far, its one-token decodes on other threads
             started = time.perf_counter()
-            far_profile, _ = await worker.call(profiler, target, config.profile_window + 1, far + FAR_PROFILE_PAST, 1)
+            far_profile, _ = await worker.call(profiler, target, config.profile_window + 1, far + FAR_PROFILE_PAST,
+                                                PROFILE_REPEATS)
             log.info("... past %d positions (measured in %.1fs): %s", far, time.perf_counter() - started,
                      describe(far_profile))
     scheduler = VerifyScheduler(engine, worker, config.batch)
