@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import grpc
+
 from edge_client.client import collect
 from harness.cluster import REPO_ROOT, LocalCluster, ServiceFailed
 
@@ -99,6 +101,12 @@ def main() -> None:
                         help="drafter quantization (backend torch)")
     parser.add_argument("--no-compare", action="store_true", help="skip the target-only comparison run")
     args = parser.parse_args()
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.window < -1:
+        parser.error(f"--window must be -1 (auto) or >= 0, got {args.window}")
+    if args.prompt is not None and not all(p.strip() for p in args.prompt):
+        parser.error("--prompt must not be empty")
 
     gguf = args.backend == "llamacpp"
     print("== preparing the default models (first run: " + ("joins the GGUF chunks" if gguf else
@@ -117,6 +125,8 @@ def main() -> None:
                 raise
     except ServiceFailed as error:
         sys.exit(f"error: {error}")
+    except grpc.RpcError as error:   # the coordinator refused the request (a window past its maximum, ...)
+        sys.exit(f"error: the coordinator refused the request: {error.details()}")
 
 
 def run(cluster: LocalCluster, args: argparse.Namespace) -> None:
@@ -153,7 +163,7 @@ def show(address: str, prompt: str, args: argparse.Namespace) -> None:
         print(f"{base.seconds / run.seconds:.2f}x end to end; output identical to target-only: "
               f"{'yes' if run.tokens == base.tokens else 'NO'}\n", flush=True)
         return
-    floor = "" if ratio >= FLOOR else f" (below the {FLOOR}x floor: " + (
+    floor = "" if round(ratio, 2) >= FLOOR else f" (below the {FLOOR}x floor: " + (
         "speculation cost more than it saved here)" if s.drafted_tokens else
         f"nothing was drafted, so both ran the same {s.rounds} target-only passes through the same services: "
         "the gap is this machine's noise between two runs of the same work)")
