@@ -46,6 +46,7 @@ class Setting:
     unified: bool = True
     ubatch_tokens: int = 512
     window_rows: int = 0
+    far_rows_alone: bool = False   # rows past llamacpp.ONE_CHUNK_POSITIONS decoded alone, on every thread
 
 
 SETTINGS = (
@@ -68,10 +69,12 @@ SETTINGS = (
             repack=False, single_threads=1, window_rows=7),
     Setting("no repacking, 1-thread one-token decodes, windows in decodes of 7 rows, KV per sequence (exact before "
             "repacked weights)", repack=False, single_threads=1, window_rows=7, unified=False),
-    Setting("exact (--exact on): repacked weights, 1-thread one-token decodes, windows in decodes of 3 rows, KV per "
-            "sequence", single_threads=1, window_rows=3, unified=False),
-    Setting("exact, prompts in the verifier's parts (--prefill-chunk 64: ubatch 64)", single_threads=1, window_rows=3,
-            unified=False, ubatch_tokens=64),
+    Setting("repacked weights, 1-thread one-token decodes, windows in decodes of 3 rows, KV per sequence (exact "
+            "until 2026-12-07)", single_threads=1, window_rows=3, unified=False),
+    Setting("exact (--exact on): repacked weights, windows in decodes of 3 rows, rows past 240 positions decoded "
+            "alone, KV per sequence", window_rows=3, unified=False, far_rows_alone=True),
+    Setting("exact, prompts in the verifier's parts (--prefill-chunk 64: ubatch 64)", window_rows=3, unified=False,
+            ubatch_tokens=64, far_rows_alone=True),
 )
 
 
@@ -89,7 +92,8 @@ def probe(model: str, setting: Setting, threads: int) -> dict:
 
     exact = llamacpp.LlamaExact(flash_attn=setting.flash_attn, repack=setting.repack, tiled=setting.tiled,
                                 single_threads=setting.single_threads, unified=setting.unified,
-                                ubatch_tokens=setting.ubatch_tokens, window_rows=setting.window_rows)
+                                ubatch_tokens=setting.ubatch_tokens, window_rows=setting.window_rows,
+                                far_rows_alone=setting.far_rows_alone)
     lm = llamacpp.load(model, threads=threads, ctx_tokens=8 * 1024, max_sequences=8, exact=exact)
     tokenizer = load_tokenizer("target" if model == "target" else model)
     prompts = {"short": tokenizer.encode("Write a Python function that checks whether a number is prime.", True),

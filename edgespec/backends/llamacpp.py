@@ -95,6 +95,8 @@ class LlamaExact:
     ubatch_tokens: int = 512       # rows of one compute pass (llama.cpp's -ub); a prompt is fed in such passes
     window_rows: int = 0           # rows of one llama_decode of windows (0: the batch size); flash attention
                                    # computes 64+ query rows in tiles, otherwise one row at a time
+    far_rows_alone: bool = False   # a row past ONE_CHUNK_POSITIONS is decoded alone, on every thread, as a
+                                   # one-token decode of llama.cpp's own run splits its attention there
 
     def cli(self, threads: int) -> str:
         """The same settings for llama.cpp's own tools (llama-completion, llama-cli, llama-server), to reproduce
@@ -105,10 +107,11 @@ class LlamaExact:
 
     def describe(self) -> str:
         past = f" past {ONE_CHUNK_POSITIONS} positions" if self.single_threads else ""
+        alone = f", rows past {ONE_CHUNK_POSITIONS} positions decoded alone" if self.far_rows_alone else ""
         return (f"flash attention {'on' if self.flash_attn else 'off'}, weight repacking "
                 f"{'on' if self.repack else 'off'}, tiled matmul {'on' if self.tiled else 'off'}, one-token decodes "
                 f"on {self.single_threads or 'all'} thread(s){past}, ubatch {self.ubatch_tokens}, windows in decodes of "
-                f"{self.window_rows or 'any'} rows, KV {'unified' if self.unified else 'per sequence'}")
+                f"{self.window_rows or 'any'} rows{alone}, KV {'unified' if self.unified else 'per sequence'}")
 
 
 # Measured batch-invariant (bench/llama_invariance.py): llama.cpp's own kernels (repacked weights, tiled matmul) with
@@ -120,7 +123,7 @@ class LlamaExact:
 # sums its cells in another order than a one-session run does (measured: 10 of 16 concurrent n-gram sessions
 # diverged). A prompt is computed as llama.cpp's own run computes it, so the settings are llama.cpp's defaults but
 # for the threads of a one-token decode.
-EXACT = LlamaExact(single_threads=1, window_rows=3, unified=False)
+EXACT = LlamaExact(window_rows=3, unified=False, far_rows_alone=True)
 # ggml's flash attention splits a one-token decode's attention into a chunk per thread where the KV view has 512
 # cells or more (ggml-cpu ops.cpp: nek1 >= 512); the view is the stream's used cells padded to 256. Below this
 # many positions (the view 256 cells, 16 spare for cells a window held) a one-token decode in a stream of its own
@@ -276,7 +279,8 @@ class LlamaCppLM(IncrementalLM):
         """ONE_CHUNK_POSITIONS where a one-token decode past them runs on fewer threads than a window's rows do
         (exact mode, a stream a session: _decode), so that it costs more there and a window less against it."""
         one = self.exact.single_threads
-        return ONE_CHUNK_POSITIONS if one and not self.exact.unified and one < self.threads else 0
+        fewer = one and not self.exact.unified and one < self.threads
+        return ONE_CHUNK_POSITIONS if fewer or (self.exact.far_rows_alone and self.threads > 1) else 0
 
     def _kv_bytes_per_token(self) -> int:
         """f16 keys and values: layers x 2 x kv heads x head dim x 2 bytes (from the GGUF metadata)."""
@@ -431,7 +435,7 @@ class LlamaCppLM(IncrementalLM):
         prompt = prompt or (len(feeds) == 1 and feeds[0][1] == 0)
         # A prompt goes in batches of batch_tokens as llama.cpp's own run feeds it (its ubatches then fall alike).
         lengths = [self.batch_tokens] * -(-len(plan) // self.batch_tokens) if prompt else \
-            chunk_lengths(len(plan), self.exact.window_rows or self.batch_tokens)
+            self._window_lengths(feeds, plan)
         start = 0
         for length in lengths:
             self._decode(feeds, plan[start:start + length], rows, filled)
@@ -441,6 +445,22 @@ class LlamaCppLM(IncrementalLM):
                 state.tokens[keep:] = new
                 state.last_row = out[-1].copy() if outputs else None
         return rows
+
+    def _window_lengths(self, feeds, plan) -> list[int]:
+        """The decodes windows' rows go in: window_rows at most; with far_rows_alone (and more than one thread) a
+        row past ONE_CHUNK_POSITIONS alone, near rows around it in decodes of their own."""
+        size = self.exact.window_rows or self.batch_tokens
+        if not (self.exact.far_rows_alone and self.threads > 1):
+            return chunk_lengths(len(plan), size)
+        lengths, near = [], 0
+        for f, j in plan:
+            if feeds[f][1] + j < ONE_CHUNK_POSITIONS:
+                near += 1
+                continue
+            lengths += chunk_lengths(near, size) if near else []
+            lengths.append(1)
+            near = 0
+        return lengths + (chunk_lengths(near, size) if near else [])
 
     def _decode(self, feeds, chunk, rows, filled) -> None:
         llama, batch = self._lib, self._batch

@@ -112,8 +112,8 @@ class Telemetry:
     forward_curve: dict[int, float] = field(default_factory=dict)  # tokens fed -> verifier forward seconds EMA
     profile: dict[int, float] = field(default_factory=dict)   # tokens fed -> forward seconds, the verifier's own
                                                                # measurement at its start (Info.forward_seconds)
-    # Where a verifier's costs change with the session's length (Info.far_positions: llama.cpp's exact mode runs
-    # a one-token decode on one thread from there, a window's rows on all), the three cost curves above hold the
+    # Where a verifier's costs change with the session's length (Info.far_positions: llama.cpp's exact mode decodes
+    # every row alone from there, so a window costs a decode a row), the three cost curves above hold the
     # costs where the session is; `other_side` keeps the other side's (profile, verify_compute, forward_curve) until
     # the session crosses (at_position). 0: one set of costs.
     far_positions: int = 0

@@ -79,7 +79,7 @@ def test_greedy_on_llamacpp_exact_mode_equals_llamacpp_target_only(tmp_path, ref
                       drafter_args=[*LLAMA, "--threads", "1"],
                       coordinator_args=["--tokenizer", "smollm2"]) as cluster:
         log = cluster.verifier.log_path.read_text()
-        assert "-t 1 -tb 2 -fa on -ub 64" in log
+        assert "-t 2 -tb 2 -fa on -ub 64" in log
         info = asyncio.run(verifier_info(cluster.verifier.address))   # windows past 240 positions costed apart
         assert info.far_positions == llamacpp.ONE_CHUNK_POSITIONS and f"past {info.far_positions} positions" in log
         assert len(info.far_forward_seconds) == len(info.forward_seconds) > 1 and min(info.far_forward_seconds) > 0

@@ -8,6 +8,8 @@ import asyncio
 import dataclasses
 import gc
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -374,37 +376,24 @@ def test_exact_mode_keeps_one_row_passes_of_a_mixed_decode_in_one_chunk():
         lm.close()
 
 
-def one_token_steps_across_the_split(threads, prompt, steps):
-    """Logits of ``steps`` one-token greedy decodes after ``prompt`` in exact mode, a 3-token window rolled back
-    before each, and the threads each decode ran on."""
-    lm = llamacpp.load("smollm2", threads=threads, ctx_tokens=2048, max_sequences=2, exact=llamacpp.EXACT)
+def test_exact_rows_past_the_one_chunk_positions_are_decoded_alone_on_every_thread():
+    """Exact mode feeds windows in decodes of a few rows below ONE_CHUNK_POSITIONS, where flash attention computes
+    a row in one chunk whatever the threads, and every row alone past it, where a one-token decode on 2 threads
+    splits its attention by thread: so a window's rows are llama.cpp's own one-token decodes on every thread (-t 2),
+    across the boundary and past it. In decodes of 3 rows past it (on the batch's threads), they are not."""
+    tokens = PROMPTS[0] * 14
+    across = tokens[:llamacpp.ONE_CHUNK_POSITIONS - 3]    # a window of 6 over positions 237 .. 242
+    past = tokens[:llamacpp.ONE_CHUNK_POSITIONS + 60]     # 300 cells: a 512-cell view, split by thread
+    assert len(past) == llamacpp.ONE_CHUNK_POSITIONS + 60
+    lm = llamacpp.load("smollm2", threads=2, ctx_tokens=2048, max_sequences=2, exact=llamacpp.EXACT)
     try:
-        state, seq, rows, threads_used = lm.new_state(), list(prompt), [], []
-        lm.prefill(state, seq)
-        for _ in range(steps):
-            lm.logits_rows(state, seq + [5, 6, 7], 3)    # a window, then its rollback: the cells are freed again
-            rows.append(lm.logits_rows(state, seq, 1)[0].copy())
-            threads_used.append(lm._single_threads)
-            seq.append(int(np.argmax(rows[-1])))
-        del state
-        return rows, threads_used
+        assert lm.far_positions == llamacpp.ONE_CHUNK_POSITIONS and lm.exact.cli(2).startswith("-t 2 -tb 2 ")
+        assert window_matches_steps(lm, across, 6) and window_matches_steps(lm, past, 6)
+        lm.exact = replace(lm.exact, far_rows_alone=False)
+        assert window_matches_steps(lm, across[:-10], 6)      # all below: 3-row decodes are exact there
+        assert not window_matches_steps(lm, past, 6)
     finally:
         lm.close()
-
-
-def test_exact_one_token_decodes_use_every_thread_while_attention_is_one_chunk(monkeypatch):
-    """Exact mode decodes a single token on the batch's threads below ONE_CHUNK_POSITIONS, where flash attention
-    computes it in one chunk whatever the threads, and on one thread past it: bit for bit the one-thread run across
-    the boundary. With every thread past it too, the attention is split by thread and the logits differ."""
-    prompt = (PROMPTS[0] * 10)[:llamacpp.ONE_CHUNK_POSITIONS - 4]
-    one, _ = one_token_steps_across_the_split(1, prompt, 24)    # decodes at positions 235 .. 258
-    two, threads_used = one_token_steps_across_the_split(2, prompt, 24)
-    assert threads_used == [2] * 5 + [1] * 19     # 235 .. 239 on both threads
-    assert all(np.array_equal(a, b) for a, b in zip(two, one))
-    monkeypatch.setattr(llamacpp, "ONE_CHUNK_POSITIONS", 10**6)
-    split, _ = one_token_steps_across_the_split(2, prompt, 24)
-    assert all(np.array_equal(a, b) for a, b in zip(split[:20], one[:20]))      # a 256-cell view: one chunk
-    assert not all(np.array_equal(a, b) for a, b in zip(split[20:], one[20:]))  # 512 cells: split by thread
 
 
 def test_a_failed_window_row_check_feeds_windows_one_row_a_decode(monkeypatch, caplog):
