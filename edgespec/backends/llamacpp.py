@@ -117,19 +117,22 @@ class LlamaExact:
 # Measured batch-invariant (bench/llama_invariance.py): llama.cpp's own kernels (repacked weights, tiled matmul) with
 # windows in decodes of at most 3 rows (the repacked weights' gemv takes 1 to 3 rows, each as one row alone; from 4
 # rows a gemm kernel rounds otherwise; load() checks the 3 on this CPU and build and takes fewer where it fails);
-# attention by one flash-attention pass per query row in order over the cells (tiles start at 64 rows), a one-token
-# decode's attention in one chunk (one thread). Each session has a stream of cells of its own: in a unified cache a
-# token can land in a cell another session's rollback freed, before the session's earlier cells, and attention then
-# sums its cells in another order than a one-session run does (measured: 10 of 16 concurrent n-gram sessions
-# diverged). A prompt is computed as llama.cpp's own run computes it, so the settings are llama.cpp's defaults but
-# for the threads of a one-token decode.
+# attention by one flash-attention pass per query row in order over the cells (tiles start at 64 rows). A one-token
+# decode of llama.cpp's own run on N threads splits its attention into N chunks once the KV view reaches 512 cells
+# (past ONE_CHUNK_POSITIONS), and a row of a batch is never split: so past there each row is decoded alone, on every
+# thread, as llama.cpp's own -t N run decodes it (below, windows' rows share decodes). Each session has a stream of
+# cells of its own: in a unified cache a token can land in a cell another session's rollback freed, before the
+# session's earlier cells, and attention then sums its cells in another order than a one-session run does
+# (measured: 10 of 16 concurrent n-gram sessions diverged). A prompt is computed as llama.cpp's own run computes it,
+# so the settings are llama.cpp's defaults.
 EXACT = LlamaExact(window_rows=3, unified=False, far_rows_alone=True)
 # ggml's flash attention splits a one-token decode's attention into a chunk per thread where the KV view has 512
 # cells or more (ggml-cpu ops.cpp: nek1 >= 512); the view is the stream's used cells padded to 256. Below this
 # many positions (the view 256 cells, 16 spare for cells a window held) a one-token decode in a stream of its own
-# is computed in one chunk on any number of threads, bit for bit as on one (tested), so exact mode runs it on the
-# batch's threads there (in a unified cache the view spans every session's cells, so one thread as before):
-# 89 against 163 ms a token for the default target on 2 threads, 150-token context (the AMX machine).
+# is computed in one chunk on any number of threads, bit for bit as on one (tested). Past it, exact mode decodes a
+# row alone on every thread (far_rows_alone; 48 ms a token for the default target on 2 threads, 586-token prompts,
+# against 86-93 ms on one thread, the AMD Zen 4 machine); settings with one-thread one-token decodes run them on the
+# batch's threads below it (in a unified cache the view spans every session's cells, so one thread throughout).
 ONE_CHUNK_POSITIONS = 240
 # The verifier prefills a prompt in parts of this many tokens (its --prefill-chunk; llama.cpp's ubatch), verifying
 # other sessions' windows between them (measured: docs/benchmarks.md, "Prefill in parts").
@@ -168,8 +171,9 @@ def usable_cpus() -> int:
 
 def exact_settings(mode: str, threads: int, ubatch_tokens: int = 0) -> LlamaExact | None:
     """--exact: "on" EXACT, "off" llama.cpp's defaults (None), "auto" EXACT where the model runs on one thread
-    (free there; with more, one-token decodes on one thread decode at 0.53-0.74x the default speed, by CPU).
-    ``ubatch_tokens`` (0: llama.cpp's 512) is the verifier's --prefill-chunk: its prompts' parts."""
+    (free there; with more, past ONE_CHUNK_POSITIONS a window's rows are decoded one at a time, so drafting saves
+    nothing there and concurrent sessions share no decodes). ``ubatch_tokens`` (0: llama.cpp's 512) is the
+    verifier's --prefill-chunk: its prompts' parts."""
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"exact mode must be auto, on or off, got {mode!r}")
     if mode == "auto":

@@ -153,13 +153,15 @@ def model_service_parser(prog: str, description: str, env_prefix: str, port: int
                             "a near-tie (measured in docs/benchmarks.md); off by default")
     group.add_argument("--exact", choices=["auto", "on", "off"], default="auto",
                        help="on: llama.cpp settings under which a batch of any rows, of any sessions, computes "
-                            "each row as a one-token decode would (llama.cpp's defaults with one-token decodes on one "
-                            "thread, windows in decodes of at most 3 rows, checked at load, and a KV stream per "
-                            "session), so greedy output is llama.cpp's own one-session target-only output with those "
-                            "settings at every window (the log prints them as llama.cpp flags). auto: on where the "
-                            "model runs on one thread, where it costs little (measured: decode 0.99x on short contexts, "
-                            "0.89x past 800 tokens, prompts as fast); with more threads one-token decodes on one thread cost a quarter to half of the "
-                            "decode speed, so auto leaves it off there (docs/llamacpp-exactness.md) "
+                            "each row as a one-token decode would (llama.cpp's defaults; windows in decodes of at "
+                            "most 3 rows, checked at load; past 240 positions, where llama.cpp's own run splits a "
+                            "token's attention over its threads, each row decoded alone; a KV stream per session), "
+                            "so greedy output is llama.cpp's own one-session target-only output with those settings "
+                            "at every window (the log prints them as llama.cpp flags). auto: on where the model runs "
+                            "on one thread, where it costs little (measured: decode 0.99x on short contexts, 0.89x "
+                            "past 800 tokens, prompts as fast); with more threads a window past 240 positions costs "
+                            "as many decodes as rows, so drafting saves nothing there and concurrent sessions share "
+                            "no decodes: auto leaves it off there (docs/llamacpp-exactness.md) "
                             "(default %(default)s)")
     add_security_flags(parser)
     add_observability_flags(parser)
