@@ -44,7 +44,7 @@ def replay(prompt: list[int], output: list[int], drafter, profile: dict[int, flo
         picked = pick_free_draft(session, prompt + output[:position], eos_ids, telemetry, min(limit, remaining)) \
             if remaining else None
         n = 0
-        if picked is not None:
+        if picked is not None and picked.tokens:
             n = _matching(picked.tokens, output[position:])
             session.observe(picked, n)
             free, drafted, accepted = free + 1, drafted + len(picked.tokens), accepted + n

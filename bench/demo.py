@@ -187,6 +187,9 @@ def why(s) -> str:
                      f"{s.free_accepted_tokens}/{s.free_drafted_tokens} tokens accepted")
     if model_drafted:
         parts.append(f"draft model {s.drafter!r}: {model_accepted}/{model_drafted} tokens accepted")
+    if s.free_declined:
+        parts.append(f"copied text found in {s.free_declined} passes but not sent: by the measured costs (the "
+                     "verifier's time for a pass by its tokens, the copy's odds) it could not pay")
     if not parts:
         return ("nothing drafted: the text had nothing to copy, and by the measured costs the draft model "
                 "cannot pay on this machine, so every pass was a target-only step")

@@ -129,6 +129,7 @@ class GenerationStats:
     free_rounds: int = 0           # rounds whose window was a free draft (the suffix drafter at the coordinator)
     free_drafted_tokens: int = 0   # ... their draft tokens (in drafted_tokens too)
     free_accepted_tokens: int = 0  # ... of those, accepted (in accepted_tokens too)
+    free_declined: int = 0         # rounds whose free draft was found but not sent: by the costs it could not pay
 
 
 class TokenizerPort(Protocol):
@@ -301,9 +302,9 @@ class Generations:
         rounds, new = session.stats, kept
         link = telemetry.links.get(telemetry.last_link)
         log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round, "
-                 "free drafts %d/%d accepted in %d rounds; link rtt %.1f ms (jitter %.1f), verifier queue %.2f",
+                 "free drafts %d/%d accepted in %d rounds (%d declined); link rtt %.1f ms (jitter %.1f), verifier queue %.2f",
                  session_id, new, seconds, new / seconds, rounds.acceptance_rate, rounds.mean_accepted_length,
-                 rounds.free_accepted, rounds.free_drafted, rounds.free_rounds,
+                 rounds.free_accepted, rounds.free_drafted, rounds.free_rounds, rounds.free_declined,
                  1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)
         self.metrics.generation(finish_reason, new, seconds - prefill)
         trace.get_current_span().set_attributes({   # the service's span of this call

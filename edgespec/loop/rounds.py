@@ -185,7 +185,8 @@ class Rounds:
             return None
         started = now()
         proposal = pick_free_draft(self.free, self.session.committed, self.session.eos_ids, self.telemetry, limit)
-        if proposal is None:
+        if proposal is None or not proposal.tokens:
+            self.session.stats.free_declined += proposal is not None
             return None
         window = self.window(self.session.position, proposal.tokens, None)
         self._free_sent = (window.seq, proposal)
@@ -386,8 +387,8 @@ def pick_free_draft(free: FreeDraftSession, committed: Sequence[int], eos_ids: C
                     telemetry: Telemetry, limit: int) -> FreeProposal | None:
     """What to send of the free drafter's proposal after ``committed``: the prefix that maximises expected tokens
     per second by the measured costs (edgespec.control.goodput: its confidences as acceptance, drafting costed at
-    0, the link's round trip and the verifier's forward time by window), or None when a target-only round does
-    better (the proposal is then declined). At most ``limit`` tokens, and no longer than a window whose cost is
+    0, the link's round trip and the verifier's forward time by window); None where nothing was proposed, and
+    an empty proposal where a target-only round does better (the proposal is then declined). At most ``limit`` tokens, and no longer than a window whose cost is
     known (the verifier's profile, or measured in rounds): past it the cost would be extrapolated, and a long copy
     guessed cheap where it is not. Tokens from an EOS on are never sent (the verifier would reject an EOS draft
     and emit it itself)."""
@@ -401,7 +402,6 @@ def pick_free_draft(free: FreeDraftSession, committed: Sequence[int], eos_ids: C
                          lambda k: max(1e-6, t.verify_estimate(k)), usable, steps=t.target_steps)
     if length == 0:
         free.declined(proposal)
-        return None
     return proposal.prefix(length)
 
 

@@ -25,6 +25,7 @@ class RoundStats:
     free_rounds: int = 0         # rounds whose window was a free draft (the coordinator's suffix drafter)
     free_drafted: int = 0        # ... their draft tokens (counted in drafted too)
     free_accepted: int = 0       # ... of those, accepted (counted in accepted too)
+    free_declined: int = 0       # rounds whose free draft was found but not sent: it could not pay by the costs
     target_logprob: float = 0.0  # sum of the target's T=1 log-probabilities of the verified tokens (nats)
     # Acceptance by depth: [d - 1] = rounds whose window offered a token at depth d (an edge window: its chain of
     # k; a self-drafted one: unknown to the coordinator, not counted), and rounds whose accepted path reached it.
@@ -144,6 +145,7 @@ REPORTED = {"rounds": "rounds", "drafted": "drafted_tokens", "accepted": "accept
             "draft_seconds": "draft_seconds", "verify_wall_seconds": "verify_wall_seconds",
             "optimistic_windows": "optimistic_windows", "optimistic_hits": "optimistic_hits",
             "free_rounds": "free_rounds", "free_drafted": "free_drafted_tokens", "free_accepted": "free_accepted_tokens",
+            "free_declined": "free_declined",
             "offered_at_depth": "offered_at_depth", "accepted_at_depth": "accepted_at_depth"}
 
 PERCENTILES = (50, 99)   # the latency percentiles every summary reports

@@ -94,7 +94,7 @@ class TokenChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., generated: _Optional[int] = ..., position: _Optional[int] = ..., unverified: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_wall_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter", "stop_sequence", "offered_at_depth", "accepted_at_depth", "free_rounds", "free_drafted_tokens", "free_accepted_tokens")
+    __slots__ = ("prompt_tokens", "new_tokens", "rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "seconds", "tokens_per_second", "draft_seconds", "verify_wall_seconds", "finish_reason", "verifier", "prefill_seconds", "seed", "verification", "failovers", "recovery_seconds", "unverified_tokens", "pipelined", "optimistic_windows", "optimistic_hits", "target_logprob", "lossy", "drafter", "stop_sequence", "offered_at_depth", "accepted_at_depth", "free_rounds", "free_drafted_tokens", "free_accepted_tokens", "free_declined")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class GenerationStats(_message.Message):
     FREE_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     FREE_DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FREE_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FREE_DECLINED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     new_tokens: int
     rounds: int
@@ -157,4 +158,5 @@ class GenerationStats(_message.Message):
     free_rounds: int
     free_drafted_tokens: int
     free_accepted_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_wall_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ..., verifier: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., seed: _Optional[int] = ..., verification: _Optional[str] = ..., failovers: _Optional[int] = ..., recovery_seconds: _Optional[float] = ..., unverified_tokens: _Optional[int] = ..., pipelined: _Optional[bool] = ..., optimistic_windows: _Optional[int] = ..., optimistic_hits: _Optional[int] = ..., target_logprob: _Optional[float] = ..., lossy: _Optional[bool] = ..., drafter: _Optional[str] = ..., stop_sequence: _Optional[str] = ..., offered_at_depth: _Optional[_Iterable[int]] = ..., accepted_at_depth: _Optional[_Iterable[int]] = ..., free_rounds: _Optional[int] = ..., free_drafted_tokens: _Optional[int] = ..., free_accepted_tokens: _Optional[int] = ...) -> None: ...
+    free_declined: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., new_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_wall_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ..., verifier: _Optional[str] = ..., prefill_seconds: _Optional[float] = ..., seed: _Optional[int] = ..., verification: _Optional[str] = ..., failovers: _Optional[int] = ..., recovery_seconds: _Optional[float] = ..., unverified_tokens: _Optional[int] = ..., pipelined: _Optional[bool] = ..., optimistic_windows: _Optional[int] = ..., optimistic_hits: _Optional[int] = ..., target_logprob: _Optional[float] = ..., lossy: _Optional[bool] = ..., drafter: _Optional[str] = ..., stop_sequence: _Optional[str] = ..., offered_at_depth: _Optional[_Iterable[int]] = ..., accepted_at_depth: _Optional[_Iterable[int]] = ..., free_rounds: _Optional[int] = ..., free_drafted_tokens: _Optional[int] = ..., free_accepted_tokens: _Optional[int] = ..., free_declined: _Optional[int] = ...) -> None: ...

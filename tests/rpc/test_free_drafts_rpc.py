@@ -22,9 +22,10 @@ def test_free_drafts_over_grpc_give_target_only_output_and_stay_off_where_asked(
         tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, -1)
         assert tokens == reference
         assert stats.free_rounds > 0 and stats.free_drafted_tokens >= stats.free_rounds
+        assert stats.free_declined > 0                  # the copies the measured acceptance no longer pays for
         assert stats.free_accepted_tokens <= stats.accepted_tokens and stats.free_drafted_tokens <= stats.drafted_tokens
         tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 0)     # window 0: target-only
-        assert tokens == reference and stats.free_rounds == 0 and stats.drafted_tokens == 0
+        assert tokens == reference and stats.free_rounds == stats.free_declined == 0 and stats.drafted_tokens == 0
         tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, 3)     # a fixed window: the drafter's
         assert tokens == reference and stats.free_rounds == 0
         _, stats = collect(cluster.coordinator.address, REPETITIVE, 32, -1, temperature=0.8, seed=5)
@@ -32,7 +33,7 @@ def test_free_drafts_over_grpc_give_target_only_output_and_stay_off_where_asked(
     with LocalCluster(tmp_path / "off", verifier_args=["--model", TARGET], drafter_args=["--model", DRAFT],
                       coordinator_args=["--tokenizer", "bytes", "--free-drafts", "off"]) as cluster:
         tokens, stats = collect(cluster.coordinator.address, REPETITIVE, 48, -1)
-        assert tokens == reference and stats.free_rounds == 0
+        assert tokens == reference and stats.free_rounds == stats.free_declined == 0
 
 
 def test_a_tenant_s_repeated_request_with_earlier_outputs_kept_is_still_target_only_output(tmp_path):

@@ -244,7 +244,7 @@ def test_pick_free_draft_never_sends_an_eos_and_declines_what_cannot_pay():
     session = SuffixDrafter().session()
     b = bucket(3)                                         # the first token's match: "10 11 12"
     session.acceptance[b] = 0.1
-    assert pick_free_draft(session, text, {7}, dear, 8) is None
+    assert pick_free_draft(session, text, {7}, dear, 8).tokens == ()               # declined: sent empty
     assert session.acceptance[b] == pytest.approx(0.1 + DECLINED_DRIFT * (PRIOR_ACCEPTANCE[b] - 0.1))
     assert pick_free_draft(session, [1, 2, 3], {7}, cheap, 8) is None             # nothing matches: nothing sent
 
