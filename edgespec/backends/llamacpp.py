@@ -280,8 +280,9 @@ class LlamaCppLM(IncrementalLM):
 
     @property
     def far_positions(self) -> int:
-        """ONE_CHUNK_POSITIONS where a one-token decode past them runs on fewer threads than a window's rows do
-        (exact mode, a stream a session: _decode), so that it costs more there and a window less against it."""
+        """ONE_CHUNK_POSITIONS where the costs change past them (exact mode, a stream a session): a window's rows
+        are decoded one at a time there (far_rows_alone, more than one thread: _window_lengths), or a one-token
+        decode runs on fewer threads than a window's rows do (_decode); 0 where nothing changes."""
         one = self.exact.single_threads
         fewer = one and not self.exact.unified and one < self.threads
         return ONE_CHUNK_POSITIONS if fewer or (self.exact.far_rows_alone and self.threads > 1) else 0

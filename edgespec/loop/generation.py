@@ -301,8 +301,8 @@ class Generations:
         # new_tokens counts the tokens returned.
         rounds, new = session.stats, kept
         link = telemetry.links.get(telemetry.last_link)
-        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round, "
-                 "free drafts %d/%d accepted in %d rounds (%d declined); link rtt %.1f ms (jitter %.1f), verifier queue %.2f",
+        log.info("session %s: %d tokens in %.2fs (%.2f tok/s), acceptance %.2f, %.2f tokens/round, free drafts "
+                 "%d/%d accepted in %d rounds (%d declined); link rtt %.1f ms (jitter %.1f), verifier queue %.2f",
                  session_id, new, seconds, new / seconds, rounds.acceptance_rate, rounds.mean_accepted_length,
                  rounds.free_accepted, rounds.free_drafted, rounds.free_rounds, rounds.free_declined,
                  1000 * (link.mean or 0.0) if link else 0.0, 1000 * link.jitter if link else 0.0, telemetry.queue_ema)

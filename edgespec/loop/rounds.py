@@ -185,8 +185,10 @@ class Rounds:
             return None
         started = now()
         proposal = pick_free_draft(self.free, self.session.committed, self.session.eos_ids, self.telemetry, limit)
-        if proposal is None or not proposal.tokens:
-            self.session.stats.free_declined += proposal is not None
+        if proposal is None:   # nothing to copy
+            return None
+        if not proposal.tokens:   # a copy that cannot pay by the measured costs
+            self.session.stats.free_declined += 1
             return None
         window = self.window(self.session.position, proposal.tokens, None)
         self._free_sent = (window.seq, proposal)
@@ -387,11 +389,11 @@ def pick_free_draft(free: FreeDraftSession, committed: Sequence[int], eos_ids: C
                     telemetry: Telemetry, limit: int) -> FreeProposal | None:
     """What to send of the free drafter's proposal after ``committed``: the prefix that maximises expected tokens
     per second by the measured costs (edgespec.control.goodput: its confidences as acceptance, drafting costed at
-    0, the link's round trip and the verifier's forward time by window); None where nothing was proposed, and
-    an empty proposal where a target-only round does better (the proposal is then declined). At most ``limit`` tokens, and no longer than a window whose cost is
-    known (the verifier's profile, or measured in rounds): past it the cost would be extrapolated, and a long copy
-    guessed cheap where it is not. Tokens from an EOS on are never sent (the verifier would reject an EOS draft
-    and emit it itself)."""
+    0, the link's round trip and the verifier's forward time by window); None where nothing usable was proposed, and
+    an empty proposal where a target-only round does better (the proposal is then declined). At most ``limit``
+    tokens, and no longer than a window whose cost is known (the verifier's profile, or measured in rounds): past
+    it the cost would be extrapolated, and a long copy guessed cheap where it is not. Tokens from an EOS on are
+    never sent (the verifier would reject an EOS draft and emit it itself)."""
     t = telemetry
     costed = max(max(t.profile, default=0) - 1, max(t.verify_compute, default=0))
     proposal = free.propose(committed, min(limit, costed or limit))
